@@ -1,0 +1,3 @@
+"""kvwatch: synthetic boundary canaries for LLM serving endpoints."""
+
+__version__ = "0.1.0"

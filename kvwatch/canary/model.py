@@ -1,0 +1,146 @@
+"""The vocabulary shared by every layer: probe kinds, verdicts and the raw facts of a probe.
+
+Nothing here does I/O. An engine adapter fills an :class:`Exchange` with what it saw on the
+wire; :mod:`kvwatch.canary.verdicts` turns an exchange plus the plan into a :class:`Verdict`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+class ProbeKind(enum.StrEnum):
+    UNDER = "under"
+    OVER = "over"
+    BASELINE = "baseline"
+
+
+class Verdict(enum.StrEnum):
+    PASS = "pass"
+    MARKER_MISSING = "marker_missing"
+    FOREIGN_MARKER = "foreign_marker"
+    OVER_ACCEPTED = "over_accepted"
+    TRUNCATED = "truncated"
+    UNDER_REJECTED = "under_rejected"
+    WRONG_REJECTION = "wrong_rejection"
+    STREAM_ERROR = "stream_error"
+    CANARY_INEFFECTIVE = "canary_ineffective"
+    CAPACITY_MISMATCH = "capacity_mismatch"
+    ERROR = "error"
+    AUTH_ERROR = "auth_error"
+    THROTTLED = "throttled"
+
+
+class Severity(enum.StrEnum):
+    CRITICAL = "critical"
+    WARNING = "warning"
+    NONE = "none"
+
+
+SEVERITY: dict[Verdict, Severity] = {
+    Verdict.PASS: Severity.NONE,
+    Verdict.MARKER_MISSING: Severity.CRITICAL,
+    Verdict.FOREIGN_MARKER: Severity.CRITICAL,
+    Verdict.OVER_ACCEPTED: Severity.CRITICAL,
+    Verdict.TRUNCATED: Severity.CRITICAL,
+    Verdict.UNDER_REJECTED: Severity.WARNING,
+    Verdict.WRONG_REJECTION: Severity.WARNING,
+    Verdict.STREAM_ERROR: Severity.WARNING,
+    Verdict.CANARY_INEFFECTIVE: Severity.WARNING,
+    Verdict.CAPACITY_MISMATCH: Severity.CRITICAL,
+    # DESIGN §2: an error pages only as a streak (KVWatchProbeFailing), never on its own.
+    Verdict.ERROR: Severity.WARNING,
+    Verdict.AUTH_ERROR: Severity.WARNING,
+    Verdict.THROTTLED: Severity.NONE,
+}
+
+
+class ProbeState(enum.StrEnum):
+    """Lifecycle of a stored probe row: written as RUNNING before the request goes out."""
+
+    RUNNING = "running"
+    DONE = "done"
+    INTERRUPTED = "interrupted"
+
+
+class TransportError(enum.StrEnum):
+    """Why no (complete) HTTP answer arrived."""
+
+    CONNECT = "connect"
+    TIMEOUT = "timeout"
+    READ = "read"  # connection dropped mid-body
+    TOO_LARGE = "too_large"  # body exceeded the read cap
+    PROTOCOL = "protocol"  # TLS, bad HTTP, redirect loop...
+
+
+class Rejection(enum.StrEnum):
+    """How an error body reads, as recognised by the engine adapter."""
+
+    CONTEXT_LENGTH = "context_length"
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(slots=True)
+class Exchange:
+    """Raw facts of one request/response, as an engine adapter saw them. No judgement here."""
+
+    status: int | None = None  # HTTP status; None when transport failed before one arrived
+    transport_error: TransportError | None = None
+    error_detail: str | None = None  # a human sentence explaining what went wrong, bounded
+    answer: str | None = None  # assistant text; None when the body held none / was unparseable
+    body_parsed: bool = False  # a 2xx body (or stream) was understood as a completion
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None  # usage reported by the engine
+    completion_tokens: int | None = None
+    streamed: bool = False
+    stream_error_frame: bool = False  # an SSE frame carrying an error arrived on a 2xx stream
+    stream_terminated: bool = False  # the stream ended with its terminator ([DONE] or engine's)
+    rejection: Rejection | None = None  # set for non-2xx bodies and error frames
+    error_body: str | None = None  # the engine's error body, bounded
+    ttfb_seconds: float | None = None
+    total_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignMarker:
+    """A kvwatch marker found in an answer that was issued to another probe."""
+
+    marker: str
+    probe_id: int
+    endpoint: str
+    issued_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedPrompt:
+    """A canary prompt sized for one probe, with how sure we are of its size."""
+
+    kind: ProbeKind
+    messages: tuple[Message, ...]
+    marker: str
+    planned_tokens: int
+    target_tokens: int
+    exact: bool  # planned_tokens verified by a tokenizer of the target (not estimated)
+    tolerance: int  # tokens of slack when comparing planned and reported usage
+    max_tokens: int
+    tokenize_calls: int = 0  # full-prompt tokenize calls spent planning it
+    token_source: str = "server"
+
+
+@dataclass(slots=True)
+class Judgement:
+    """A verdict with the one-line reason and the facts it rests on."""
+
+    verdict: Verdict
+    reason: str
+    marker_found: bool = False
+    foreign: list[ForeignMarker] = field(default_factory=list)
+    token_drift: int | None = None  # reported - planned, when both are known

@@ -1,0 +1,49 @@
+"""How big each probe's prompt must be, by the engine's own acceptance rule (DESIGN §1)."""
+
+from __future__ import annotations
+
+import enum
+
+from kvwatch.canary.model import ProbeKind
+
+
+class AcceptanceRule(enum.StrEnum):
+    # vLLM, SGLang, OpenAI: a request is rejected when prompt + max_tokens > window.
+    PROMPT_PLUS_MAX_TOKENS = "prompt_plus_max_tokens"
+    # llama.cpp server: rejected when prompt >= n_ctx (per slot); a prompt below n_ctx is
+    # accepted even if the answer then has no room and is cut short.
+    PROMPT_BELOW_WINDOW = "prompt_below_window"
+
+
+class SizingError(ValueError):
+    pass
+
+
+def target_prompt_tokens(
+    kind: ProbeKind,
+    *,
+    rule: AcceptanceRule,
+    window: int,
+    max_tokens: int,
+    baseline_tokens: int,
+    margin: int = 0,
+) -> int:
+    """Prompt tokens a probe of ``kind`` must carry.
+
+    *under* is the largest prompt that leaves room for the answer on every engine:
+    ``prompt + max_tokens = window`` (minus ``margin`` when the count is only estimated).
+    *over* is the smallest prompt the engine must reject by its own rule.
+    *baseline* is short and fixed.
+    """
+    if window <= 0 or max_tokens <= 0:
+        raise SizingError("window and max_tokens must be positive")
+    if kind is ProbeKind.BASELINE:
+        return min(baseline_tokens, max(1, window - max_tokens - margin))
+    if kind is ProbeKind.UNDER:
+        size = window - max_tokens - margin
+        if size <= 0:
+            raise SizingError(f"max_tokens {max_tokens} leaves no room for a prompt in {window}")
+        return size
+    if rule is AcceptanceRule.PROMPT_PLUS_MAX_TOKENS:
+        return window - max_tokens + 1 + margin
+    return window + margin

@@ -1,0 +1,61 @@
+"""The engine interface: what kvwatch needs from any serving API.
+
+An adapter speaks one API flavour over an ``httpx.AsyncClient`` it is given, and reports raw
+facts (:class:`~kvwatch.canary.model.Exchange`). It never judges: verdicts are pure logic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from kvwatch.canary.model import Exchange, Message
+from kvwatch.canary.sizing import AcceptanceRule
+
+# Called with a short status line while a long request is in flight ("prefill 41 s").
+ProgressCallback = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    """What an engine says about itself. ``None`` means "not reported"."""
+
+    context_window: int | None = None
+    kv_pool_tokens: int | None = None
+    model: str | None = None
+    detail: str | None = None
+
+
+class Engine(Protocol):
+    flavour: str
+    rule: AcceptanceRule
+
+    async def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int,
+        stream: bool,
+        timeout: float,
+        progress: ProgressCallback | None = None,
+    ) -> Exchange:
+        """Send one chat request and report what came back. Never raises for HTTP/transport
+        failures: they are facts recorded in the exchange."""
+        ...
+
+    async def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
+        """Prompt tokens of ``messages`` after the engine's chat template, by the engine's
+        own tokenizer; ``None`` when the engine offers no way to count."""
+        ...
+
+    async def count_text_tokens(self, texts: Sequence[str]) -> list[int] | None:
+        """Tokens of each raw text (no template, no special tokens); ``None`` if unsupported."""
+        ...
+
+    async def discover(self) -> Discovery:
+        ...
+
+
+class TokenizeUnavailable(Exception):
+    """The engine has no usable tokenize endpoint (raised by server token counters)."""
