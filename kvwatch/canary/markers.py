@@ -18,7 +18,8 @@ ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # Crockford base32
 SYMBOLS = 12
 BITS = SYMBOLS * 5
 
-_MARKER_RE = re.compile(r"\bKVW-[0-9A-HJKMNP-TV-Z]{4}-[0-9A-HJKMNP-TV-Z]{4}-[0-9A-HJKMNP-TV-Z]{4}\b")
+_GROUP = "[0-9A-HJKMNP-TV-Z]{4}"
+_MARKER_RE = re.compile(rf"\bKVW-{_GROUP}-{_GROUP}-{_GROUP}\b")
 # Over the normalised text (upper case, only letters and digits kept).
 _NORMALISED_RE = re.compile(r"KVW([0-9A-Z]{12})")
 _CROCKFORD_ALIASES = str.maketrans({"O": "0", "I": "1", "L": "1"})

@@ -1,0 +1,181 @@
+"""Prompt planning: build a canary prompt of an exact token count (DESIGN §3).
+
+The planner never tokenizes the whole prompt many times. It counts the fixed parts once
+(instruction, marker, question, chat template), counts each distinct filler piece once (the
+counter caches them per endpoint), assembles filler whose known counts add up to the target,
+verifies the total with one full-prompt count, and corrects by the difference. Real
+tokenizers are almost additive over space-separated words, so the first verification is
+usually exact and a second one settles the rest.
+
+This module does no I/O of its own: it is handed a :class:`TokenCounter`.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvwatch.canary import filler
+from kvwatch.canary.model import Message, PlannedPrompt, ProbeKind
+from kvwatch.tokens.base import TokenCounter
+
+QUESTION = "What is the code you were asked to remember? Answer with the code only."
+
+
+class Side(enum.Enum):
+    """Which way a prompt may miss its target when an exact hit is impossible."""
+
+    AT_MOST = "at_most"  # under/baseline: one token too many could cross the window
+    AT_LEAST = "at_least"  # over: one token too few could be legitimately accepted
+
+
+class PlanningError(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The fixed text around the filler for a marker planted at ``depth`` of the filler."""
+
+    marker: str
+    depth: float
+
+    def head(self) -> str:
+        if self.depth <= 0:
+            return f"Remember this code: {self.marker}. You will be asked for it at the end.\n\n"
+        return "Remember the code that appears in the text below. You will be asked for it.\n\n"
+
+    def middle(self) -> str:
+        return "" if self.depth <= 0 else f"\n\nThe code is {self.marker}. Remember it.\n\n"
+
+    def tail(self) -> str:
+        return f"\n\n{QUESTION}"
+
+    def messages(self, pieces: Sequence[str]) -> tuple[Message, ...]:
+        split = round(len(pieces) * self.depth) if self.depth > 0 else 0
+        text = (
+            self.head()
+            + "".join(pieces[:split])
+            + self.middle()
+            + "".join(pieces[split:]).lstrip()
+            + self.tail()
+        )
+        return (Message("user", text),)
+
+
+def side_for(kind: ProbeKind) -> Side:
+    return Side.AT_LEAST if kind is ProbeKind.OVER else Side.AT_MOST
+
+
+async def plan_prompt(
+    kind: ProbeKind,
+    *,
+    counter: TokenCounter,
+    target_tokens: int,
+    marker: str,
+    max_tokens: int,
+    rng: random.Random,
+    depth: float = 0.0,
+    max_rounds: int = 6,
+) -> PlannedPrompt:
+    """Plan a prompt of ``target_tokens`` prompt tokens as the target counts them."""
+    layout = Layout(marker, depth)
+    side = side_for(kind)
+    base = await counter.count_prompt(layout.messages([]))
+    calls = 0
+    if base > target_tokens:
+        raise PlanningError(
+            f"the canary's fixed text is {base} tokens, more than the {target_tokens} planned"
+        )
+    vocab = filler.vocabulary()
+    counts = dict(zip(vocab, await counter.count_pieces(vocab), strict=True))
+    singles = [p for p in vocab if counts[p] == 1 and p != filler.FULL_STOP]
+    if not singles:
+        # Every piece costs more than a token: correct with the cheapest ones, less precisely.
+        cheapest = min(counts.values())
+        singles = [p for p in vocab if counts[p] == cheapest]
+
+    pieces = _fill(target_tokens - base, counts, singles, rng)
+    best: tuple[int, list[str]] | None = None
+    for _ in range(max_rounds):
+        total = await counter.count_prompt(layout.messages(pieces))
+        calls += 1
+        if _acceptable(total, target_tokens, side) and (
+            best is None or abs(target_tokens - total) < abs(target_tokens - best[0])
+        ):
+            best = (total, list(pieces))
+        diff = target_tokens - total
+        if diff == 0 or not counter.exact:
+            break
+        pieces = _correct(pieces, diff, counts, singles, rng)
+    if best is None:
+        raise PlanningError(
+            f"could not size a {kind} prompt to {side.value} {target_tokens} tokens "
+            f"in {max_rounds} verifications"
+        )
+    total, pieces = best
+    tolerance = counter.tolerance(total)
+    return PlannedPrompt(
+        kind=kind,
+        messages=layout.messages(pieces),
+        marker=marker,
+        planned_tokens=total,
+        target_tokens=target_tokens,
+        exact=counter.exact,
+        tolerance=tolerance,
+        max_tokens=max_tokens,
+        tokenize_calls=calls,
+        token_source=counter.source,
+    )
+
+
+def _acceptable(total: int, target: int, side: Side) -> bool:
+    return total <= target if side is Side.AT_MOST else total >= target
+
+
+def _fill(
+    need: int, counts: dict[str, int], singles: Sequence[str], rng: random.Random
+) -> list[str]:
+    """Whole sentences while they fit, then single-token words to land on ``need``."""
+    pieces: list[str] = []
+    have = 0
+    for sentence in filler.sentences(rng):
+        cost = sum(counts[p] for p in sentence)
+        if have + cost > need:
+            break
+        pieces += sentence
+        have += cost
+    while have < need:
+        piece = rng.choice(singles)
+        pieces.append(piece)
+        have += counts[piece]
+    return pieces
+
+
+def _correct(
+    pieces: list[str],
+    diff: int,
+    counts: dict[str, int],
+    singles: Sequence[str],
+    rng: random.Random,
+) -> list[str]:
+    """Add or drop trailing filler worth ``diff`` tokens by the cached piece counts."""
+    pieces = list(pieces)
+    if diff > 0:
+        added = 0
+        while added < diff:
+            piece = rng.choice(singles)
+            pieces.append(piece)
+            added += counts[piece]
+        return pieces
+    removed = 0
+    while removed < -diff and pieces:
+        removed += counts[pieces.pop()]
+    # Dropping whole pieces may overshoot; give back single tokens.
+    while removed > -diff:
+        piece = rng.choice(singles)
+        pieces.append(piece)
+        removed -= counts[piece]
+    return pieces

@@ -1,0 +1,114 @@
+"""Verdict classification (DESIGN §2): pure, total, and never a pass by default.
+
+``judge`` looks at what the engine did (an :class:`Exchange`) against what kvwatch planned
+(a :class:`PlannedPrompt`) and which foreign markers the answer holds. The order of the
+checks is the policy: the most specific and most severe explanation wins, and the only way
+to reach ``pass`` is through an explicit positive check for the probe's kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from kvwatch.canary import markers
+from kvwatch.canary.model import (
+    Exchange,
+    ForeignMarker,
+    Judgement,
+    PlannedPrompt,
+    ProbeKind,
+    Rejection,
+)
+from kvwatch.canary.model import Verdict as V
+
+_Make = Callable[[V, str], Judgement]
+
+
+def judge(plan: PlannedPrompt, ex: Exchange, foreign: Sequence[ForeignMarker] = ()) -> Judgement:
+    """Classify one probe. ``foreign`` are markers in the answer issued to *other* probes."""
+    found = ex.answer is not None and markers.contains_marker(ex.answer, plan.marker)
+    drift = None if ex.prompt_tokens is None else ex.prompt_tokens - plan.planned_tokens
+
+    def verdict(v: V, reason: str) -> Judgement:
+        return Judgement(v, reason, marker_found=found, foreign=list(foreign), token_drift=drift)
+
+    if ex.transport_error is not None:
+        return verdict(V.ERROR, f"transport failure ({ex.transport_error}): {ex.error_detail}")
+    status = ex.status
+    if status is None:
+        return verdict(V.ERROR, "no HTTP status recorded")
+    if status in (401, 403):
+        return verdict(V.AUTH_ERROR, f"HTTP {status}: credentials refused")
+    if status == 429:
+        return verdict(V.THROTTLED, "HTTP 429: throttled, retry later")
+
+    # A leak is proof of a broken engine whatever else happened on this request.
+    if foreign:
+        first = foreign[0]
+        return verdict(
+            V.FOREIGN_MARKER,
+            f"answer holds marker of probe {first.probe_id} ({first.endpoint}, "
+            f"issued {first.issued_at.isoformat()})",
+        )
+
+    if plan.kind is ProbeKind.OVER:
+        return _judge_over(ex, verdict)
+    return _judge_recall(plan, ex, found, drift, verdict)
+
+
+def _judge_over(ex: Exchange, verdict: _Make) -> Judgement:
+    status = ex.status or 0
+    if 200 <= status < 300:
+        if ex.stream_error_frame:
+            return verdict(V.WRONG_REJECTION, "over-limit prompt got 200 with an error frame")
+        return verdict(V.OVER_ACCEPTED, f"over-limit prompt accepted with HTTP {status}")
+    if 400 <= status < 500 and ex.rejection is Rejection.CONTEXT_LENGTH:
+        return verdict(V.PASS, f"rejected with HTTP {status} context-length error")
+    if 400 <= status < 500:
+        return verdict(V.WRONG_REJECTION, f"rejected with HTTP {status}, not as context length")
+    return verdict(V.WRONG_REJECTION, f"over-limit prompt answered HTTP {status}")
+
+
+def _judge_recall(
+    plan: PlannedPrompt,
+    ex: Exchange,
+    found: bool,
+    drift: int | None,
+    verdict: _Make,
+) -> Judgement:
+    status = ex.status or 0
+    if 400 <= status < 500:
+        if plan.kind is ProbeKind.UNDER and ex.rejection is Rejection.CONTEXT_LENGTH:
+            return verdict(
+                V.UNDER_REJECTED,
+                f"{plan.planned_tokens}-token prompt rejected as too long (HTTP {status})",
+            )
+        return verdict(V.ERROR, f"HTTP {status}: {ex.error_detail or 'request rejected'}")
+    if not 200 <= status < 300:
+        return verdict(V.ERROR, f"HTTP {status}: {ex.error_detail or 'server error'}")
+    if ex.stream_error_frame:
+        return verdict(V.STREAM_ERROR, "200 stream carried an error frame")
+    if ex.streamed and not ex.stream_terminated:
+        return verdict(V.STREAM_ERROR, "stream ended without its terminator")
+    if not ex.body_parsed or ex.answer is None:
+        return verdict(V.ERROR, f"unusable 2xx body: {ex.error_detail or 'no answer'}")
+    if ex.prompt_tokens is None:
+        # Without usage nothing proves the engine read the whole prompt.
+        return verdict(V.ERROR, "engine reported no usage.prompt_tokens")
+    assert drift is not None
+    if drift < -plan.tolerance:
+        return verdict(
+            V.TRUNCATED,
+            f"engine read {ex.prompt_tokens} of {plan.planned_tokens} prompt tokens",
+        )
+    if not found:
+        if plan.kind is ProbeKind.BASELINE:
+            return verdict(V.CANARY_INEFFECTIVE, "marker not recalled even from a short prompt")
+        return verdict(V.MARKER_MISSING, "200 but the answer lacks the marker")
+    if drift > plan.tolerance:
+        # More tokens than planned is a counting problem, never an incident (DESIGN §3).
+        return verdict(
+            V.PASS,
+            f"marker recalled; usage drift +{drift} tokens beyond tolerance: recalibrate",
+        )
+    return verdict(V.PASS, "marker recalled")

@@ -1,0 +1,143 @@
+"""Prometheus metrics for probes. Every metric lives in a registry passed in (no globals)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kvwatch import __version__
+from kvwatch.canary.model import Verdict
+
+# Up to 10 minutes: a 1M-token prefill on a busy engine legitimately takes minutes.
+DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180, 300, 450, 600)
+_LABELS = ("endpoint", "probe")
+
+
+class ProbeMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.success = Gauge(
+            "kvwatch_probe_success",
+            "1 if the last probe of this endpoint and kind passed, else 0.",
+            _LABELS,
+            registry=registry,
+        )
+        self.last_run = Gauge(
+            "kvwatch_probe_last_run_timestamp_seconds",
+            "When the last probe of this endpoint and kind finished.",
+            _LABELS,
+            registry=registry,
+        )
+        self.last_success = Gauge(
+            "kvwatch_probe_last_success_timestamp_seconds",
+            "When a probe of this endpoint and kind last passed.",
+            _LABELS,
+            registry=registry,
+        )
+        self.interval = Gauge(
+            "kvwatch_probe_interval_seconds",
+            "Configured interval between probes (the staleness rule compares against it).",
+            _LABELS,
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "kvwatch_probe_duration_seconds",
+            "Time from sending a canary to its full answer.",
+            _LABELS,
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.planned_tokens = Gauge(
+            "kvwatch_probe_planned_prompt_tokens",
+            "Prompt tokens kvwatch planned for the last probe.",
+            _LABELS,
+            registry=registry,
+        )
+        self.reported_tokens = Gauge(
+            "kvwatch_probe_reported_prompt_tokens",
+            "Prompt tokens the engine reported for the last probe (NaN if none).",
+            _LABELS,
+            registry=registry,
+        )
+        self.probes = Counter(
+            "kvwatch_probes",
+            "Probes finished, by verdict.",
+            (*_LABELS, "verdict"),
+            registry=registry,
+        )
+        self.failures = Counter(
+            "kvwatch_probe_failures",
+            "Probes whose verdict was not pass, by verdict.",
+            (*_LABELS, "verdict"),
+            registry=registry,
+        )
+        self.last_verdict = Gauge(
+            "kvwatch_probe_last_verdict",
+            "1 for the verdict of the last probe of this endpoint and kind, 0 for the others.",
+            (*_LABELS, "verdict"),
+            registry=registry,
+        )
+        self.canary_tokens = Counter(
+            "kvwatch_canary_tokens",
+            "Tokens spent by canaries, as the engine reported them.",
+            (*_LABELS, "type"),
+            registry=registry,
+        )
+        self.endpoint_info = Gauge(
+            "kvwatch_endpoint_info",
+            "Static facts of a monitored endpoint (always 1).",
+            ("endpoint", "model", "flavour"),
+            registry=registry,
+        )
+        self.interrupted = Counter(
+            "kvwatch_probes_interrupted",
+            "Probes marked interrupted (shutdown, crash recovery).",
+            registry=registry,
+        )
+        build = Gauge("kvwatch_build_info", "kvwatch version.", ("version",), registry=registry)
+        build.labels(__version__).set(1)
+
+    def register_endpoint(
+        self, endpoint: str, model: str, flavour: str, kinds: dict[str, float]
+    ) -> None:
+        self.endpoint_info.labels(endpoint, model, flavour).set(1)
+        for kind, interval in kinds.items():
+            self.interval.labels(endpoint, kind).set(interval)
+
+    def observe(
+        self,
+        *,
+        endpoint: str,
+        kind: str,
+        verdict: Verdict,
+        finished_at: datetime,
+        duration: float | None,
+        planned: int | None,
+        reported: int | None,
+        completion: int | None,
+    ) -> None:
+        ts = finished_at.timestamp()
+        passed = verdict is Verdict.PASS
+        self.probes.labels(endpoint, kind, verdict.value).inc()
+        if not passed:
+            self.failures.labels(endpoint, kind, verdict.value).inc()
+        # A throttled probe says nothing about correctness: keep the last real state.
+        if verdict is not Verdict.THROTTLED:
+            self.success.labels(endpoint, kind).set(1 if passed else 0)
+            for v in Verdict:
+                self.last_verdict.labels(endpoint, kind, v.value).set(1 if v is verdict else 0)
+        self.last_run.labels(endpoint, kind).set(ts)
+        if passed:
+            self.last_success.labels(endpoint, kind).set(ts)
+        if duration is not None:
+            self.duration.labels(endpoint, kind).observe(duration)
+        if planned is not None:
+            self.planned_tokens.labels(endpoint, kind).set(planned)
+        self.reported_tokens.labels(endpoint, kind).set(
+            float("nan") if reported is None else reported
+        )
+        if reported is not None:
+            self.canary_tokens.labels(endpoint, kind, "prompt").inc(reported)
+        if completion is not None:
+            self.canary_tokens.labels(endpoint, kind, "completion").inc(completion)
