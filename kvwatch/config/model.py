@@ -1,0 +1,207 @@
+"""The configuration file's schema (DESIGN §7), as strict pydantic models.
+
+Every model forbids unknown keys: a misspelt key is an error, never a silently ignored
+setting. Defaults live here, named once; :mod:`kvwatch.config.resolve` merges them into
+each endpoint.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kvwatch.canary.model import ProbeKind
+from kvwatch.config.resolve import EndpointSpec, resolve_endpoint
+from kvwatch.config.types import (
+    DatabaseUrl,
+    Duration,
+    EndpointName,
+    Flag,
+    HttpUrl,
+    LabelName,
+    ListenAddress,
+    MarkerDepth,
+    NonBlank,
+    PositiveInt,
+    ReadableFile,
+    Secret,
+    SecretFilePath,
+    TokenizerSpec,
+    invalid,
+    split_listen,
+)
+
+Flavour = Literal["openai", "vllm", "sglang", "llamacpp", "tgi", "ollama", "anthropic"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+DEFAULT_PROBES = (ProbeKind.UNDER, ProbeKind.OVER, ProbeKind.BASELINE)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _exclusive(model: BaseModel, first: str, second: str) -> None:
+    if getattr(model, first) is not None and getattr(model, second) is not None:
+        raise invalid(f"set either {first} or {second}, not both")
+
+
+class BasicAuth(_Strict):
+    username: NonBlank
+    password: Secret | None = None
+    password_file: SecretFilePath | None = None
+
+    @model_validator(mode="after")
+    def _one_password(self) -> BasicAuth:
+        _exclusive(self, "password", "password_file")
+        if self.password is None and self.password_file is None:
+            raise invalid("password or password_file is required")
+        return self
+
+
+class TLS(_Strict):
+    ca_file: ReadableFile | None = None
+    cert_file: ReadableFile | None = None
+    key_file: ReadableFile | None = None
+    insecure_skip_verify: Flag = False
+
+    @model_validator(mode="after")
+    def _cert_with_key(self) -> TLS:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise invalid("cert_file and key_file must be set together")
+        return self
+
+
+class Alertmanager(_Strict):
+    urls: list[HttpUrl] = []
+    resend_interval: Duration = 60.0
+    timeout: Duration = 10.0
+    basic_auth: BasicAuth | None = None
+    bearer_token: Secret | None = None
+    bearer_token_file: SecretFilePath | None = None
+    tls: TLS = TLS()
+    # kvwatch's own public base URL, for generatorURL links in alerts.
+    external_url: HttpUrl | None = None
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> Alertmanager:
+        _exclusive(self, "bearer_token", "bearer_token_file")
+        has_bearer = self.bearer_token is not None or self.bearer_token_file is not None
+        if has_bearer and self.basic_auth is not None:
+            raise invalid("set either basic_auth or a bearer token, not both")
+        return self
+
+
+class Timeouts(_Strict):
+    # A 1M-token prefill can take minutes: "under" needs the most patience.
+    under: Duration = 600.0
+    over: Duration = 300.0
+    baseline: Duration = 120.0
+
+
+class TimeoutOverrides(_Strict):
+    """An endpoint's ``timeouts``: each kind it leaves out keeps the default."""
+
+    under: Duration | None = None
+    over: Duration | None = None
+    baseline: Duration | None = None
+
+
+def _unique_depths(depths: list[float]) -> None:
+    seen: set[float] = set()
+    for depth in depths:
+        if depth in seen:
+            raise invalid(f"lists marker depth {depth} twice")
+        seen.add(depth)
+
+
+class Defaults(_Strict):
+    interval: Duration = 900.0
+    max_tokens: PositiveInt = 32
+    baseline_tokens: PositiveInt = 1536
+    stream: Flag = True
+    jitter: Duration = 30.0
+    timeouts: Timeouts = Timeouts()
+    # Fraction of the filler placed before the marker; 0.0 puts it at the very start.
+    marker_depths: list[MarkerDepth] = Field(default=[0.0], min_length=1)
+    # Re-check a critical failure once before paging (DESIGN §2).
+    confirm: Flag = True
+    body_limit_bytes: PositiveInt = 4 * 1024 * 1024
+
+    @model_validator(mode="after")
+    def _depths(self) -> Defaults:
+        _unique_depths(self.marker_depths)
+        return self
+
+
+class Endpoint(_Strict):
+    name: EndpointName
+    url: HttpUrl
+    flavour: Flavour = "openai"
+    model: NonBlank
+    context_window: PositiveInt | None = None
+    kv_pool_tokens: PositiveInt | None = None
+    api_key: Secret | None = None
+    api_key_file: SecretFilePath | None = None
+    tokenizer: TokenizerSpec = "server"
+    probes: list[ProbeKind] = Field(default=list(DEFAULT_PROBES), min_length=1)
+    labels: dict[LabelName, str] = {}
+    # Overrides of `defaults`; None means "inherit".
+    interval: Duration | None = None
+    max_tokens: PositiveInt | None = None
+    baseline_tokens: PositiveInt | None = None
+    stream: Flag | None = None
+    jitter: Duration | None = None
+    timeouts: TimeoutOverrides | None = None
+    marker_depths: list[MarkerDepth] | None = Field(default=None, min_length=1)
+    confirm: Flag | None = None
+    body_limit_bytes: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Endpoint:
+        _exclusive(self, "api_key", "api_key_file")
+        seen: set[ProbeKind] = set()
+        for kind in self.probes:
+            if kind in seen:
+                raise invalid(f'lists probe kind "{kind}" twice')
+            seen.add(kind)
+        if self.marker_depths is not None:
+            _unique_depths(self.marker_depths)
+        return self
+
+
+class Config(_Strict):
+    # repr=False: a database URL may carry a password.
+    database: DatabaseUrl = Field(default="sqlite:///kvwatch.db", repr=False)
+    listen: ListenAddress = "127.0.0.1:9464"
+    # Stored with each probe; several replicas share one database.
+    replica: NonBlank | None = None
+    log_level: LogLevel = "info"
+    alertmanager: Alertmanager = Alertmanager()
+    defaults: Defaults = Defaults()
+    endpoints: list[Endpoint] = []
+
+    @property
+    def replica_id(self) -> str:
+        return self.replica if self.replica is not None else socket.gethostname()
+
+    @property
+    def listen_host(self) -> str:
+        return split_listen(self.listen)[0]
+
+    @property
+    def listen_port(self) -> int:
+        return split_listen(self.listen)[1]
+
+    def resolved_endpoints(self) -> list[EndpointSpec]:
+        """Every endpoint with its defaults merged in, every field concrete."""
+        return [resolve_endpoint(endpoint, self.defaults) for endpoint in self.endpoints]
+
+    def endpoint(self, name: str) -> EndpointSpec:
+        """The resolved endpoint called ``name``; raises ``KeyError`` if there is none."""
+        for spec in self.resolved_endpoints():
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
