@@ -1,0 +1,152 @@
+"""ORM models: the tables kvwatch keeps. The migrations in ``migrations/`` create exactly these.
+
+Rows never leave :mod:`kvwatch.store.repository`; callers get frozen records instead, so no
+one holds a session across an ``await``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from kvwatch.store.types import UTCDateTime, json_type
+
+# Deterministic constraint names: Alembic's SQLite batch mode and later migrations can only
+# drop or alter a constraint they can name, and the name must agree across databases.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# 64-bit ids on PostgreSQL; SQLite only auto-increments a column declared exactly INTEGER.
+Id = BigInteger().with_variant(Integer(), "sqlite")
+
+PROBE_STATES = ("running", "done", "interrupted")
+ALERT_STATES = ("inactive", "pending", "firing", "resolved")
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime()}
+
+
+class Endpoint(Base):
+    __tablename__ = "endpoints"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    url: Mapped[str] = mapped_column(Text)
+    flavour: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(200))
+    context_window: Mapped[int | None] = mapped_column(BigInteger)
+    kv_pool_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    labels: Mapped[dict[str, Any]] = mapped_column(json_type())
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Probe(Base):
+    __tablename__ = "probes"
+    __table_args__ = (
+        CheckConstraint(_in("state", PROBE_STATES), name="state"),
+        Index(None, "endpoint", "kind", "started_at"),
+        Index(None, "verdict", "started_at"),
+        Index(None, "state", "replica"),
+        Index(None, "started_at"),
+        # Ids are permalinks (/probes/{id}): SQLite must never hand out a pruned id again.
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    endpoint: Mapped[str] = mapped_column(String(200))
+    endpoint_id: Mapped[int] = mapped_column(Id, ForeignKey("endpoints.id"))
+    kind: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(16))
+    verdict: Mapped[str | None] = mapped_column(String(32))
+    reason: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    replica: Mapped[str] = mapped_column(String(200))
+    model: Mapped[str] = mapped_column(String(200))
+    planned_prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    target_prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    reported_prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    max_tokens: Mapped[int] = mapped_column(Integer)
+    token_source: Mapped[str] = mapped_column(Text)
+    tokenize_calls: Mapped[int] = mapped_column(Integer)
+    marker: Mapped[str] = mapped_column(String(64))
+    marker_depth: Mapped[float] = mapped_column(Float)
+    marker_found: Mapped[bool | None] = mapped_column(Boolean)
+    foreign_markers: Mapped[list[dict[str, Any]]] = mapped_column(json_type())
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    finish_reason: Mapped[str | None] = mapped_column(String(64))
+    streamed: Mapped[bool] = mapped_column(Boolean)
+    answer_excerpt: Mapped[str | None] = mapped_column(Text)
+    error_body: Mapped[str | None] = mapped_column(Text)
+    error_detail: Mapped[str | None] = mapped_column(Text)
+    ttfb_seconds: Mapped[float | None] = mapped_column(Float)
+    duration_seconds: Mapped[float | None] = mapped_column(Float)
+    # A pruned original must not take its kept confirmation with it.
+    confirms_probe_id: Mapped[int | None] = mapped_column(
+        Id, ForeignKey("probes.id", ondelete="SET NULL")
+    )
+
+
+class Marker(Base):
+    __tablename__ = "markers"
+
+    marker: Mapped[str] = mapped_column(String(12), primary_key=True)
+    probe_id: Mapped[int] = mapped_column(
+        Id, ForeignKey("probes.id", ondelete="CASCADE"), index=True
+    )
+    endpoint: Mapped[str] = mapped_column(String(200))
+    issued_at: Mapped[datetime]
+
+
+class AlertState(Base):
+    __tablename__ = "alert_states"
+    __table_args__ = (
+        UniqueConstraint("alertname", "endpoint", "probe"),
+        CheckConstraint(_in("state", ALERT_STATES), name="state"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    alertname: Mapped[str] = mapped_column(String(100))
+    endpoint: Mapped[str] = mapped_column(String(200))
+    probe: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(16))
+    severity: Mapped[str] = mapped_column(String(16))
+    failures: Mapped[int] = mapped_column(Integer)
+    passes: Mapped[int] = mapped_column(Integer)
+    starts_at: Mapped[datetime | None]
+    ends_at: Mapped[datetime | None]
+    last_probe_id: Mapped[int | None] = mapped_column(
+        Id, ForeignKey("probes.id", ondelete="SET NULL")
+    )
+    labels: Mapped[dict[str, Any]] = mapped_column(json_type())
+    annotations: Mapped[dict[str, Any]] = mapped_column(json_type())
+    generator_url: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime]

@@ -1,0 +1,449 @@
+"""The store: every read and write kvwatch makes, as short synchronous transactions.
+
+The daemon calls these through ``asyncio.to_thread``; each method opens its own session and
+returns frozen records, so nothing database-shaped escapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, delete, func, or_, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from kvwatch.canary.markers import canonical
+from kvwatch.canary.model import ForeignMarker, ProbeState
+from kvwatch.store.errors import StoreError
+from kvwatch.store.migrate import current_revision, head_revision
+from kvwatch.store.models import AlertState, Endpoint, Marker, Probe
+from kvwatch.store.records import (
+    AlertStateRecord,
+    NewProbe,
+    ProbeOutcome,
+    ProbeRow,
+    foreign_marker_from_json,
+    foreign_marker_to_json,
+)
+
+_ALERT_KEY = ("alertname", "endpoint", "probe")
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Store:
+    """kvwatch's database, behind one small synchronous API."""
+
+    def __init__(self, engine: Engine, *, now: Callable[[], datetime] = _utcnow) -> None:
+        self._engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._now = now
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    # -- health ---------------------------------------------------------------------------
+
+    def ping(self) -> None:
+        """Raise :class:`StoreError` unless the database answers a trivial query."""
+        with self._errors("database unreachable"), self._engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+
+    def readiness(self) -> tuple[bool, str]:
+        """Whether the store can serve this kvwatch, and a sentence saying why (not)."""
+        try:
+            self.ping()
+            current = current_revision(self._engine)
+        except StoreError as exc:
+            return False, str(exc)
+        head = head_revision()
+        if current == head:
+            return True, f"database reachable, schema at {head}"
+        shown = current if current is not None else "none"
+        return False, f"schema at {shown}, expected {head}: run `kvwatch db upgrade`"
+
+    # -- endpoints ------------------------------------------------------------------------
+
+    def upsert_endpoint(
+        self,
+        name: str,
+        url: str,
+        flavour: str,
+        model: str,
+        context_window: int | None,
+        kv_pool_tokens: int | None,
+        labels: dict[str, str],
+    ) -> int:
+        """Insert or refresh an endpoint from configuration; return its id."""
+        now = self._now()
+        values: dict[str, Any] = {
+            "name": name,
+            "url": url,
+            "flavour": flavour,
+            "model": model,
+            "context_window": context_window,
+            "kv_pool_tokens": kv_pool_tokens,
+            "labels": dict(labels),
+            "created_at": now,
+            "updated_at": now,
+        }
+        refreshed = [k for k in values if k not in ("name", "created_at")]
+        with self._errors(f"could not save endpoint {name!r}"), self._sessions.begin() as session:
+            # ON CONFLICT rather than select-then-insert: replicas starting together race.
+            stmt = self._insert(session, Endpoint).values(values)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["name"], set_={k: stmt.excluded[k] for k in refreshed}
+            ).returning(Endpoint.id)
+            return int(session.execute(stmt).scalar_one())
+
+    # -- probes ---------------------------------------------------------------------------
+
+    def begin_probe(self, p: NewProbe) -> int:
+        """Record a probe as running, with its issued marker, before its request goes out."""
+        with self._errors("could not record the start of a probe"), self._sessions.begin() as s:
+            row = Probe(
+                endpoint=p.endpoint,
+                endpoint_id=p.endpoint_id,
+                kind=str(p.kind),
+                state=ProbeState.RUNNING.value,
+                started_at=p.started_at,
+                replica=p.replica,
+                model=p.model,
+                planned_prompt_tokens=p.planned_prompt_tokens,
+                target_prompt_tokens=p.target_prompt_tokens,
+                max_tokens=p.max_tokens,
+                token_source=p.token_source,
+                tokenize_calls=p.tokenize_calls,
+                marker=p.marker,
+                marker_depth=p.marker_depth,
+                foreign_markers=[],
+                streamed=p.streamed,
+                confirms_probe_id=p.confirms_probe_id,
+            )
+            s.add(row)
+            s.flush()
+            s.add(
+                Marker(
+                    marker=canonical(p.marker),
+                    probe_id=row.id,
+                    endpoint=p.endpoint,
+                    issued_at=p.started_at,
+                )
+            )
+            return row.id
+
+    def finish_probe(
+        self,
+        probe_id: int,
+        r: ProbeOutcome,
+        alert_states: Sequence[AlertStateRecord] = (),
+    ) -> None:
+        """Store a probe's verdict and evidence, and the alert states it caused, atomically.
+
+        Only a running probe can be finished: a row that was interrupted (its replica was
+        presumed dead) or already finished raises :class:`StoreError` and nothing is written.
+        """
+        values: dict[str, Any] = {
+            "state": ProbeState.DONE.value,
+            "verdict": str(r.verdict),
+            "reason": r.reason,
+            "finished_at": r.finished_at,
+            "reported_prompt_tokens": r.reported_prompt_tokens,
+            "completion_tokens": r.completion_tokens,
+            "marker_found": r.marker_found,
+            "foreign_markers": [foreign_marker_to_json(m) for m in r.foreign_markers],
+            "http_status": r.http_status,
+            "finish_reason": r.finish_reason,
+            "answer_excerpt": r.answer_excerpt,
+            "error_body": r.error_body,
+            "error_detail": r.error_detail,
+            "ttfb_seconds": r.ttfb_seconds,
+            "duration_seconds": r.duration_seconds,
+        }
+        with self._errors(f"could not finish probe {probe_id}"), self._sessions.begin() as s:
+            # The state guard sits in the UPDATE itself so two writers cannot both win.
+            result = s.execute(
+                update(Probe)
+                .where(Probe.id == probe_id, Probe.state == ProbeState.RUNNING.value)
+                .values(values)
+                .execution_options(synchronize_session=False)
+            )
+            if result.rowcount != 1:  # type: ignore[attr-defined]
+                state = s.scalar(select(Probe.state).where(Probe.id == probe_id))
+                if state is None:
+                    raise StoreError(f"cannot finish probe {probe_id}: no such probe")
+                raise StoreError(f"cannot finish probe {probe_id}: it is {state}, not running")
+            self._upsert_alert_states(s, alert_states)
+
+    def interrupt_running(
+        self,
+        replica: str | None = None,
+        probe_ids: Sequence[int] | None = None,
+        *,
+        reason: str,
+    ) -> int:
+        """Mark running probes interrupted (all, one replica's, the given ids); count them."""
+        if probe_ids is not None and not probe_ids:
+            return 0  # an empty selection must never widen to "every running probe"
+        conditions = [Probe.state == ProbeState.RUNNING.value]
+        if replica is not None:
+            conditions.append(Probe.replica == replica)
+        if probe_ids is not None:
+            conditions.append(Probe.id.in_(list(probe_ids)))
+        with self._errors("could not interrupt running probes"), self._sessions.begin() as s:
+            result = s.execute(
+                update(Probe)
+                .where(*conditions)
+                .values(state=ProbeState.INTERRUPTED.value, reason=reason, finished_at=self._now())
+                .execution_options(synchronize_session=False)
+            )
+            return int(result.rowcount)  # type: ignore[attr-defined]
+
+    def lookup_markers(self, canonical_markers: Sequence[str]) -> dict[str, ForeignMarker]:
+        """Issued markers among ``canonical_markers``, keyed by canonical form.
+
+        Each value carries the marker as it was issued (``KVW-…``), its probe, endpoint and
+        time, which is what turns a stray code in an answer into proof of a leak.
+        """
+        wanted = sorted({canonical(m) for m in canonical_markers})
+        if not wanted:
+            return {}
+        with self._errors("could not look up markers"), self._sessions() as s:
+            rows = s.execute(
+                select(
+                    Marker.marker, Probe.marker, Marker.probe_id, Marker.endpoint, Marker.issued_at
+                )
+                .join(Probe, Probe.id == Marker.probe_id)
+                .where(Marker.marker.in_(wanted))
+            ).all()
+        return {
+            key: ForeignMarker(marker=issued, probe_id=pid, endpoint=ep, issued_at=at)
+            for key, issued, pid, ep, at in rows
+        }
+
+    def get_probe(self, probe_id: int) -> ProbeRow | None:
+        """One probe by id, or None."""
+        with self._errors(f"could not read probe {probe_id}"), self._sessions() as s:
+            row = s.get(Probe, probe_id)
+            return None if row is None else _probe_row(row)
+
+    def list_probes(
+        self,
+        endpoint: str | None = None,
+        kind: str | None = None,
+        verdict: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        state: str | None = None,
+        limit: int = 100,
+        before_id: int | None = None,
+    ) -> list[ProbeRow]:
+        """Probes newest first, filtered; page on with ``before_id`` = the last id seen.
+
+        ``since`` is inclusive and ``until`` exclusive, both on ``started_at``.
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        query = select(Probe).order_by(Probe.id.desc()).limit(limit)
+        if endpoint is not None:
+            query = query.where(Probe.endpoint == endpoint)
+        if kind is not None:
+            query = query.where(Probe.kind == str(kind))
+        if verdict is not None:
+            query = query.where(Probe.verdict == str(verdict))
+        if state is not None:
+            query = query.where(Probe.state == str(state))
+        if since is not None:
+            query = query.where(Probe.started_at >= since)
+        if until is not None:
+            query = query.where(Probe.started_at < until)
+        if before_id is not None:
+            query = query.where(Probe.id < before_id)
+        with self._errors("could not list probes"), self._sessions() as s:
+            return [_probe_row(row) for row in s.scalars(query)]
+
+    def latest_per_endpoint(self) -> dict[tuple[str, str], ProbeRow]:
+        """The latest finished probe of each (endpoint, kind)."""
+        latest = (
+            select(func.max(Probe.id).label("id"))
+            .where(Probe.state == ProbeState.DONE.value)
+            .group_by(Probe.endpoint, Probe.kind)
+            .subquery()
+        )
+        query = select(Probe).join(latest, Probe.id == latest.c.id)
+        with self._errors("could not read the latest probes"), self._sessions() as s:
+            return {(row.endpoint, row.kind): _probe_row(row) for row in s.scalars(query)}
+
+    # -- alert states ---------------------------------------------------------------------
+
+    def load_alert_states(self) -> list[AlertStateRecord]:
+        """Every persisted alert state, in a stable order."""
+        query = select(AlertState).order_by(
+            AlertState.alertname, AlertState.endpoint, AlertState.probe
+        )
+        with self._errors("could not load alert states"), self._sessions() as s:
+            return [_alert_record(row) for row in s.scalars(query)]
+
+    def save_alert_states(self, records: Sequence[AlertStateRecord]) -> None:
+        """Insert or update the given alert states (others are left as they are)."""
+        with self._errors("could not save alert states"), self._sessions.begin() as s:
+            self._upsert_alert_states(s, records)
+
+    # -- retention ------------------------------------------------------------------------
+
+    def prune(
+        self, older_than: datetime, keep_verdicts: Sequence[str] = (), batch: int = 1000
+    ) -> int:
+        """Delete finished or interrupted probes started before ``older_than``, and their
+        markers, except those whose verdict is in ``keep_verdicts``; return how many.
+
+        Deletes in batches of ``batch``, each its own transaction, so a large backlog never
+        holds a long lock against the probes being written meanwhile.
+        """
+        if batch < 1:
+            raise ValueError(f"batch must be at least 1, got {batch}")
+        conditions = [
+            Probe.started_at < older_than,
+            Probe.state.in_([ProbeState.DONE.value, ProbeState.INTERRUPTED.value]),
+        ]
+        if keep_verdicts:
+            # An interrupted probe has no verdict; NOT IN alone would keep it forever.
+            conditions.append(
+                or_(Probe.verdict.is_(None), Probe.verdict.not_in([str(v) for v in keep_verdicts]))
+            )
+        total = 0
+        with self._errors("could not prune probes"):
+            while True:
+                with self._sessions.begin() as s:
+                    ids = list(
+                        s.scalars(
+                            select(Probe.id).where(*conditions).order_by(Probe.id).limit(batch)
+                        )
+                    )
+                    if not ids:
+                        return total
+                    s.execute(delete(Marker).where(Marker.probe_id.in_(ids)))
+                    # References from kept rows (confirmations, alert states) are set to NULL
+                    # by their ON DELETE SET NULL foreign keys.
+                    s.execute(delete(Probe).where(Probe.id.in_(ids)))
+                total += len(ids)
+                if len(ids) < batch:
+                    return total
+
+    # -- helpers --------------------------------------------------------------------------
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except SQLAlchemyError as exc:
+            raise StoreError(f"{what}: {_first_line(exc)}") from exc
+
+    @staticmethod
+    def _insert(session: Session, model: type[Any]) -> Any:
+        # Both dialects offer INSERT ... ON CONFLICT with the same interface.
+        if session.get_bind().dialect.name == "postgresql":
+            return postgresql.insert(model)
+        return sqlite.insert(model)
+
+    def _upsert_alert_states(self, session: Session, records: Sequence[AlertStateRecord]) -> None:
+        # Last record per key wins: PostgreSQL refuses to touch one row twice in a statement.
+        latest = {(r.alertname, r.endpoint, r.probe): r for r in records}
+        if not latest:
+            return
+        rows = [_alert_values(r) for r in latest.values()]
+        stmt = self._insert(session, AlertState)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=list(_ALERT_KEY),
+            set_={k: stmt.excluded[k] for k in rows[0] if k not in _ALERT_KEY},
+        )
+        session.execute(stmt, rows)
+
+
+def _first_line(exc: SQLAlchemyError) -> str:
+    # The driver message without SQLAlchemy's echo of the statement and its parameters
+    # (which may hold an answer excerpt) and its documentation link.
+    orig = getattr(exc, "orig", None)
+    message = str(orig) if orig is not None else str(exc)
+    return message.strip().splitlines()[0] if message.strip() else type(exc).__name__
+
+
+def _probe_row(row: Probe) -> ProbeRow:
+    return ProbeRow(
+        id=row.id,
+        endpoint=row.endpoint,
+        endpoint_id=row.endpoint_id,
+        kind=row.kind,
+        state=ProbeState(row.state),
+        verdict=row.verdict,
+        reason=row.reason,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        replica=row.replica,
+        model=row.model,
+        planned_prompt_tokens=row.planned_prompt_tokens,
+        target_prompt_tokens=row.target_prompt_tokens,
+        reported_prompt_tokens=row.reported_prompt_tokens,
+        completion_tokens=row.completion_tokens,
+        max_tokens=row.max_tokens,
+        token_source=row.token_source,
+        tokenize_calls=row.tokenize_calls,
+        marker=row.marker,
+        marker_depth=row.marker_depth,
+        marker_found=row.marker_found,
+        foreign_markers=tuple(foreign_marker_from_json(m) for m in row.foreign_markers),
+        http_status=row.http_status,
+        finish_reason=row.finish_reason,
+        streamed=row.streamed,
+        answer_excerpt=row.answer_excerpt,
+        error_body=row.error_body,
+        error_detail=row.error_detail,
+        ttfb_seconds=row.ttfb_seconds,
+        duration_seconds=row.duration_seconds,
+        confirms_probe_id=row.confirms_probe_id,
+    )
+
+
+def _alert_values(r: AlertStateRecord) -> dict[str, Any]:
+    return {
+        "alertname": r.alertname,
+        "endpoint": r.endpoint,
+        "probe": r.probe,
+        "state": r.state,
+        "severity": r.severity,
+        "failures": r.failures,
+        "passes": r.passes,
+        "starts_at": r.starts_at,
+        "ends_at": r.ends_at,
+        "last_probe_id": r.last_probe_id,
+        "labels": dict(r.labels),
+        "annotations": dict(r.annotations),
+        "generator_url": r.generator_url,
+        "updated_at": r.updated_at,
+    }
+
+
+def _alert_record(row: AlertState) -> AlertStateRecord:
+    return AlertStateRecord(
+        alertname=row.alertname,
+        endpoint=row.endpoint,
+        probe=row.probe,
+        state=row.state,
+        severity=row.severity,
+        failures=row.failures,
+        passes=row.passes,
+        starts_at=row.starts_at,
+        ends_at=row.ends_at,
+        last_probe_id=row.last_probe_id,
+        labels={str(k): str(v) for k, v in row.labels.items()},
+        annotations={str(k): str(v) for k, v in row.annotations.items()},
+        generator_url=row.generator_url,
+        updated_at=row.updated_at,
+    )
