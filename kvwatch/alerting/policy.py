@@ -1,0 +1,235 @@
+"""Which verdicts raise which alert, and how many probes it takes to fire and to resolve.
+
+Pure data: no I/O. :func:`default_policy` builds the shipped rules (DESIGN §6); a deployment
+tunes one alert with ``overrides={"KVWatchWindowNotServed": {"fire_after": 5}}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from kvwatch.canary.model import Severity, Verdict
+
+CROSS_REQUEST_LEAK = "KVWatchCrossRequestLeak"
+CONTEXT_NOT_HONORED = "KVWatchContextNotHonored"
+LIMIT_NOT_ENFORCED = "KVWatchLimitNotEnforced"
+CAPACITY_MISMATCH = "KVWatchCapacityMismatch"
+WINDOW_NOT_SERVED = "KVWatchWindowNotServed"
+WRONG_REJECTION = "KVWatchWrongRejection"
+PROBE_FAILING = "KVWatchProbeFailing"
+CANARY_INEFFECTIVE = "KVWatchCanaryIneffective"
+
+DEFAULT_RUNBOOK_BASE = "https://github.com/kvwatch/kvwatch/blob/main/docs/runbooks.md"
+
+# Probe kinds whose alerts depend on the model's recall and on the window edge: these are the
+# ones a failing baseline can explain away (DESIGN §1, "a weak model does not page anyone").
+BOUNDARY_PROBES = frozenset({"under", "over"})
+
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# Labels kvwatch sets itself; static labels from config may not shadow them, or an alert's
+# identity would depend on configuration rather than on what failed.
+RESERVED_LABELS = frozenset({"alertname", "severity", "endpoint", "model", "probe"})
+_TUNABLE = frozenset({"fire_after", "resolve_after", "suppressed_by_canary", "severity"})
+
+# Every verdict that is not an error of the probe itself shows the probe ran to completion,
+# which is what KVWatchProbeFailing is about.
+_PROBE_RAN = frozenset(Verdict) - {Verdict.ERROR, Verdict.AUTH_ERROR, Verdict.THROTTLED}
+
+
+class PolicyError(ValueError):
+    """An alert policy that cannot work; ``str()`` is a sentence for a config error."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlertPolicy:
+    """How one alert is raised and cleared.
+
+    ``fire_after``: consecutive failing verdicts (since the last recovery) that fire it. For a
+    critical alert with confirmation enabled, a failing *confirmation* probe fires at once and
+    ``fire_after`` is the fallback when the confirmation could not run (throttled, errored).
+    ``resolve_after``: consecutive recovering verdicts that resolve a firing alert.
+    """
+
+    alertname: str
+    severity: Severity
+    verdicts: frozenset[Verdict]
+    summary: str
+    fire_after: int
+    resolve_after: int
+    # Boundary-probe alert held pending while the endpoint's baseline is failing.
+    suppressed_by_canary: bool = True
+    recovers_on: frozenset[Verdict] = frozenset({Verdict.PASS})
+
+    def __post_init__(self) -> None:
+        if self.fire_after < 1:
+            raise PolicyError(f"{self.alertname}.fire_after: must be a positive integer")
+        if self.resolve_after < 1:
+            raise PolicyError(f"{self.alertname}.resolve_after: must be a positive integer")
+        if self.severity is Severity.NONE:
+            raise PolicyError(f"{self.alertname}.severity: must be critical or warning")
+        if self.verdicts & self.recovers_on:
+            raise PolicyError(f"{self.alertname}: a verdict cannot both raise and clear it")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlertingPolicy:
+    """All alert policies, plus what every alert carries: runbook links and static labels."""
+
+    alerts: Mapping[str, AlertPolicy]
+    runbook_base: str = DEFAULT_RUNBOOK_BASE
+    static_labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        owner: dict[Verdict, str] = {}
+        for name, alert in self.alerts.items():
+            if name != alert.alertname:
+                raise PolicyError(f"alerts.{name}: keyed under another name ({alert.alertname})")
+            for verdict in alert.verdicts:
+                if verdict in owner:
+                    raise PolicyError(f"{name}: verdict {verdict} already raises {owner[verdict]}")
+                owner[verdict] = name
+        for label in self.static_labels:
+            if label in RESERVED_LABELS:
+                raise PolicyError(f"labels.{label}: is set by kvwatch and cannot be overridden")
+            if not _LABEL_NAME.fullmatch(label):
+                raise PolicyError(f"labels.{label}: is not a valid Prometheus label name")
+
+    def alert_for(self, verdict: Verdict) -> AlertPolicy | None:
+        """The alert ``verdict`` raises, or ``None`` (pass, throttled)."""
+        for alert in self.alerts.values():
+            if verdict in alert.verdicts:
+                return alert
+        return None
+
+    def runbook_url(self, alertname: str) -> str:
+        return f"{self.runbook_base}#{alertname.lower()}"
+
+
+def _defaults() -> dict[str, AlertPolicy]:
+    def alert(
+        severity: Severity,
+        name: str,
+        verdicts: set[Verdict],
+        summary: str,
+        *,
+        suppressed_by_canary: bool = True,
+        recovers_on: frozenset[Verdict] = frozenset({Verdict.PASS}),
+    ) -> AlertPolicy:
+        critical = severity is Severity.CRITICAL
+        return AlertPolicy(
+            alertname=name,
+            severity=severity,
+            verdicts=frozenset(verdicts),
+            summary=summary,
+            # Critical: when the confirmation probe could not run, the next scheduled failure
+            # confirms. Warning: a streak of three, so one bad answer does not open a ticket.
+            fire_after=2 if critical else 3,
+            # Critical: one clean answer after a confirmed corruption may be luck (another
+            # cache layout); two in a row is a recovery.
+            resolve_after=2 if critical else 1,
+            suppressed_by_canary=suppressed_by_canary,
+            recovers_on=recovers_on,
+        )
+
+    critical, warning = Severity.CRITICAL, Severity.WARNING
+    alerts = [
+        alert(
+            critical,
+            CROSS_REQUEST_LEAK,
+            {Verdict.FOREIGN_MARKER},
+            "{endpoint} answered a {probe} canary with another request's data",
+            # A leaked marker is proof whatever the model's recall ability: always pages.
+            suppressed_by_canary=False,
+        ),
+        alert(
+            critical,
+            CONTEXT_NOT_HONORED,
+            {Verdict.MARKER_MISSING, Verdict.TRUNCATED},
+            "{endpoint} accepted a {probe} canary but did not attend to all of it",
+        ),
+        alert(
+            critical,
+            LIMIT_NOT_ENFORCED,
+            {Verdict.OVER_ACCEPTED},
+            "{endpoint} accepted a prompt beyond its context window",
+        ),
+        alert(
+            critical,
+            CAPACITY_MISMATCH,
+            {Verdict.CAPACITY_MISMATCH},
+            "{endpoint} advertises a context window larger than its KV pool",
+            suppressed_by_canary=False,
+        ),
+        alert(
+            warning,
+            WINDOW_NOT_SERVED,
+            {Verdict.UNDER_REJECTED},
+            "{endpoint} rejects prompts within its advertised context window",
+        ),
+        alert(
+            warning,
+            WRONG_REJECTION,
+            # A stream that breaks mid-answer is the engine failing inside a 200 instead of
+            # rejecting cleanly: the same client-visible fault as a wrong over-limit rejection.
+            {Verdict.WRONG_REJECTION, Verdict.STREAM_ERROR},
+            "{endpoint} fails {probe} canaries without a clean context-length rejection",
+        ),
+        alert(
+            warning,
+            PROBE_FAILING,
+            {Verdict.ERROR, Verdict.AUTH_ERROR},
+            "kvwatch cannot complete {probe} probes against {endpoint}",
+            # A transport or credential problem says nothing about recall; keep paging.
+            suppressed_by_canary=False,
+            recovers_on=_PROBE_RAN,
+        ),
+        alert(
+            warning,
+            CANARY_INEFFECTIVE,
+            {Verdict.CANARY_INEFFECTIVE},
+            "the model behind {endpoint} cannot recall a marker even from a short prompt",
+            suppressed_by_canary=False,
+        ),
+    ]
+    return {policy.alertname: policy for policy in alerts}
+
+
+def default_policy(
+    *,
+    runbook_base: str = DEFAULT_RUNBOOK_BASE,
+    static_labels: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, object]] | None = None,
+) -> AlertingPolicy:
+    """The shipped policy, with per-alert ``overrides`` of fire_after, resolve_after,
+    suppressed_by_canary and severity."""
+    alerts = _defaults()
+    for name, changes in (overrides or {}).items():
+        if name not in alerts:
+            raise PolicyError(f"alerts.{name}: unknown alert (known: {', '.join(sorted(alerts))})")
+        unknown = sorted(set(changes) - _TUNABLE)
+        if unknown:
+            raise PolicyError(f"alerts.{name}.{unknown[0]}: unknown key")
+        values = dict(changes)
+        for key in ("fire_after", "resolve_after"):
+            if key in values and (
+                isinstance(values[key], bool) or not isinstance(values[key], int)
+            ):
+                raise PolicyError(f"alerts.{name}.{key}: must be a positive integer")
+        if "suppressed_by_canary" in values and not isinstance(
+            values["suppressed_by_canary"], bool
+        ):
+            raise PolicyError(f"alerts.{name}.suppressed_by_canary: must be true or false")
+        if "severity" in values:
+            try:
+                values["severity"] = Severity(str(values["severity"]))
+            except ValueError:
+                raise PolicyError(f"alerts.{name}.severity: must be critical or warning") from None
+        alerts[name] = dataclasses.replace(alerts[name], **values)  # type: ignore[arg-type]
+    return AlertingPolicy(
+        alerts=alerts,
+        runbook_base=runbook_base.rstrip("#"),
+        static_labels=dict(static_labels or {}),
+    )
