@@ -133,6 +133,7 @@ class PlannedPrompt:
     max_tokens: int
     tokenize_calls: int = 0  # full-prompt tokenize calls spent planning it
     token_source: str = "server"
+    marker_depth: float = 0.0  # fraction of the filler before the marker
 
 
 @dataclass(slots=True)

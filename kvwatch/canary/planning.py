@@ -128,6 +128,7 @@ async def plan_prompt(
         max_tokens=max_tokens,
         tokenize_calls=calls,
         token_source=counter.source,
+        marker_depth=depth,
     )
 
 

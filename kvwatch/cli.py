@@ -1,0 +1,222 @@
+"""The ``kvwatch`` command line. It only parses arguments, builds a config and hands over."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kvwatch import __version__, logs
+from kvwatch.canary.model import ProbeKind, Verdict
+from kvwatch.config import Config, ConfigError, capacity_violations, load_config
+from kvwatch.runner import ProbeReport
+
+DEFAULT_CONFIG = Path("kvwatch.yaml")
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    envvar="KVWATCH_CONFIG",
+    help="Configuration file (default: ./kvwatch.yaml).",
+)
+
+
+def _load(path: Path | None) -> Config:
+    """Load and gate a config, or exit 1 naming every problem."""
+    path = path or DEFAULT_CONFIG
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        for line in exc.errors:
+            click.echo(line, err=True)
+        raise SystemExit(1) from None
+    violations = capacity_violations(config)
+    if violations:
+        for line in violations:
+            click.echo(line, err=True)
+        raise SystemExit(1)
+    return config
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="kvwatch")
+def main() -> None:
+    """kvwatch: boundary canaries for LLM endpoints. A 200 is not a pass."""
+
+
+@main.command()
+@config_option
+@click.option("--grace", default=30.0, show_default=True, help="Seconds in-flight probes get on SIGTERM.")
+def run(config_path: Path | None, grace: float) -> None:
+    """Run the monitoring daemon (demo mode with simulated endpoints when no config exists)."""
+    from kvwatch.daemon import Daemon
+
+    if config_path is None and not DEFAULT_CONFIG.exists():
+        from kvwatch.demo import run_demo
+
+        logs.configure("info")
+        asyncio.run(run_demo(grace_seconds=grace))
+        return
+    config = _load(config_path)
+    logs.configure(config.log_level)
+
+    async def main_() -> None:
+        daemon = Daemon(config, grace_seconds=grace)
+        daemon.install_signal_handlers()
+        await daemon.run()
+
+    asyncio.run(main_())
+
+
+@main.command("check-config")
+@config_option
+def check_config(config_path: Path | None) -> None:
+    """Validate a configuration (and the capacity gate); exit 0 if it is good, 1 if not."""
+    path = config_path or DEFAULT_CONFIG
+    click.echo(f"Checking {path}")
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        click.echo("  FAILED:", err=True)
+        for line in exc.errors:
+            click.echo(line, err=True)
+        raise SystemExit(1) from None
+    violations = capacity_violations(config)
+    if violations:
+        click.echo("  FAILED:", err=True)
+        for line in violations:
+            click.echo(line, err=True)
+        raise SystemExit(1)
+    click.echo(f"  SUCCESS: {len(config.endpoints)} endpoints")
+
+
+@main.command()
+@config_option
+@click.argument("name")
+@click.option(
+    "--kind",
+    type=click.Choice([*[k.value for k in ProbeKind], "all"]),
+    default="all",
+    show_default=True,
+)
+@click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def probe(config_path: Path | None, name: str, kind: str, output: str) -> None:
+    """Probe one endpoint now; exit 0 only if every verdict is pass (a pre-deploy gate)."""
+    config = _load(config_path)
+    logs.configure("warning")
+    reports = asyncio.run(_probe(config, name, kind, quiet=output == "json"))
+    if output == "json":
+        for report in reports:
+            click.echo(json.dumps(report_json(report)))
+    else:
+        click.echo(format_table(reports))
+    raise SystemExit(0 if reports and all(r.verdict is Verdict.PASS for r in reports) else 1)
+
+
+async def _probe(config: Config, name: str, kind: str, *, quiet: bool) -> list[ProbeReport]:
+    from kvwatch.daemon import build
+
+    built = await build(config)
+    try:
+        target = next((t for t in built.targets if t.spec.name == name), None)
+        if target is None:
+            names = ", ".join(t.spec.name for t in built.targets) or "none"
+            raise click.UsageError(f"no endpoint named {name!r} (configured: {names})")
+        kinds = target.spec.probes if kind == "all" else (ProbeKind(kind),)
+        reports: list[ProbeReport] = []
+        for k in kinds:
+
+            def progress(line: str, k: ProbeKind = k) -> None:
+                click.echo(f"  {name} {k.value}: {line}", err=True)
+
+            if not quiet:
+                click.echo(f"probing {name} ({k.value})…", err=True)
+            reports += await built.runner.run_checked(target, k, progress=progress)
+        return reports
+    finally:
+        await built.client.aclose()
+        built.store.engine.dispose()
+
+
+def report_json(r: ProbeReport) -> dict[str, Any]:
+    return {
+        "probe_id": r.probe_id,
+        "endpoint": r.endpoint,
+        "kind": r.kind.value,
+        "verdict": r.verdict.value,
+        "reason": r.reason,
+        "status": r.status,
+        "planned_prompt_tokens": r.planned_prompt_tokens,
+        "reported_prompt_tokens": r.reported_prompt_tokens,
+        "marker": r.marker,
+        "marker_found": r.marker_found,
+        "foreign_markers": [
+            {
+                "marker": f.marker,
+                "probe_id": f.probe_id,
+                "endpoint": f.endpoint,
+                "issued_at": f.issued_at.isoformat(),
+            }
+            for f in r.foreign
+        ],
+        "duration_seconds": r.duration_seconds,
+        "confirms_probe_id": r.confirms_probe_id,
+        "finished_at": r.finished_at.isoformat(),
+    }
+
+
+def format_table(reports: list[ProbeReport]) -> str:
+    header = ("ID", "ENDPOINT", "KIND", "VERDICT", "STATUS", "PLANNED", "REPORTED", "MARKER", "REASON")
+    rows = [header] + [
+        (
+            str(r.probe_id),
+            r.endpoint,
+            r.kind.value + (" (confirm)" if r.confirms_probe_id else ""),
+            r.verdict.value,
+            "-" if r.status is None else str(r.status),
+            "-" if r.planned_prompt_tokens is None else str(r.planned_prompt_tokens),
+            "-" if r.reported_prompt_tokens is None else str(r.reported_prompt_tokens),
+            "found" if r.marker_found else "missing",
+            r.reason,
+        )
+        for r in reports
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
+        for row in rows
+    )
+
+
+@main.group()
+def db() -> None:
+    """Database maintenance."""
+
+
+@db.command("upgrade")
+@config_option
+def db_upgrade(config_path: Path | None) -> None:
+    """Migrate the database schema to the latest revision."""
+    from kvwatch.store import migrate
+
+    config = _load(config_path)
+    migrate.upgrade(config.database)
+    click.echo(f"database at revision {migrate.head_revision()}")
+
+
+def _register_simulator() -> None:
+    from kvwatch.simulator.command import simulate
+
+    main.add_command(simulate)
+
+
+_register_simulator()
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""The composition root: config → store → metrics → HTTP client → runner → scheduler → web.
+
+Everything kvwatch runs is built here and passed down; no module keeps mutable state of its
+own. ``Daemon`` owns the lifecycle: start-up (migrate, recover interrupted probes, register
+endpoints), the main wait, and the graceful shutdown on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+import httpx
+import structlog
+from prometheus_client import CollectorRegistry
+
+from kvwatch import __version__
+from kvwatch.config import Config, EndpointSpec
+from kvwatch.engines.factory import build_engine
+from kvwatch.metrics import ProbeMetrics
+from kvwatch.runner import ProbeRunner, Target
+from kvwatch.scheduler import ProbeScheduler
+from kvwatch.store import migrate
+from kvwatch.store.engine import create_engine_for
+from kvwatch.store.repository import Store
+from kvwatch.tokens.factory import build_counter
+from kvwatch.web.app import WebContext, create_app
+from kvwatch.web.server import embedded_server, split_listen
+
+log = structlog.get_logger("kvwatch.daemon")
+
+# Connection pool sized for concurrent canaries; no overall timeout here because every
+# probe brings its own deadline (a 1M-token prefill may legitimately take minutes).
+HTTP_LIMITS = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+
+
+def build_http_client() -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        limits=HTTP_LIMITS,
+        timeout=httpx.Timeout(None, connect=10.0),
+        follow_redirects=True,
+        max_redirects=3,
+        headers={"User-Agent": f"kvwatch/{__version__}"},
+    )
+
+
+@dataclass
+class Built:
+    store: Store
+    registry: CollectorRegistry
+    metrics: ProbeMetrics
+    client: httpx.AsyncClient
+    runner: ProbeRunner
+    targets: list[Target]
+
+
+def build_targets(
+    specs: Sequence[EndpointSpec],
+    store: Store,
+    client: httpx.AsyncClient,
+    metrics: ProbeMetrics,
+) -> list[Target]:
+    targets = []
+    for spec in specs:
+        endpoint_id = store.upsert_endpoint(
+            spec.name,
+            spec.url,
+            spec.flavour,
+            spec.model,
+            spec.context_window,
+            spec.kv_pool_tokens,
+            dict(spec.labels),
+        )
+        engine = build_engine(
+            flavour=spec.flavour,
+            url=spec.url,
+            model=spec.model,
+            api_key=spec.api_key.get_secret_value() if spec.api_key else None,
+            body_limit_bytes=spec.body_limit_bytes,
+            client=client,
+        )
+        counter = build_counter(spec.tokenizer, engine)
+        metrics.register_endpoint(
+            spec.name,
+            spec.model,
+            spec.flavour,
+            {kind.value: spec.interval_seconds for kind in spec.probes},
+        )
+        targets.append(Target(spec=spec, endpoint_id=endpoint_id, engine=engine, counter=counter))
+    return targets
+
+
+async def build(config: Config, *, upgrade: bool = True) -> Built:
+    """Build every long-lived object from a validated config (shared by run and probe)."""
+    if upgrade:
+        await asyncio.to_thread(migrate.upgrade, config.database)
+    store = Store(create_engine_for(config.database))
+    registry = CollectorRegistry()
+    metrics = ProbeMetrics(registry)
+    client = build_http_client()
+    targets = await asyncio.to_thread(
+        build_targets, config.resolved_endpoints(), store, client, metrics
+    )
+    runner = ProbeRunner(store=store, metrics=metrics, replica=config.replica_id)
+    return Built(store, registry, metrics, client, runner, targets)
+
+
+class Daemon:
+    def __init__(self, config: Config, *, grace_seconds: float = 30.0) -> None:
+        self.config = config
+        self.grace_seconds = grace_seconds
+        self.stop = asyncio.Event()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("signal", signal=sig.name)
+        self.stop.set()
+
+    async def run(self) -> None:
+        config = self.config
+        async with AsyncExitStack() as stack:
+            built = await build(config)
+            stack.push_async_callback(built.client.aclose)
+            stack.callback(built.store.engine.dispose)
+            recovered = await asyncio.to_thread(
+                built.store.interrupt_running,
+                replica=config.replica_id,
+                reason="kvwatch stopped before the probe finished (recovered at start)",
+            )
+            if recovered:
+                built.metrics.interrupted.inc(recovered)
+            scheduler = ProbeScheduler(built.runner)
+            scheduler.start(built.targets)
+            host, port = split_listen(config.listen)
+            web = embedded_server(
+                create_app(
+                    WebContext(
+                        store=built.store,
+                        registry=built.registry,
+                        alive=lambda: scheduler.running,
+                    )
+                ),
+                host,
+                port,
+            )
+            web_task = asyncio.create_task(web.serve(), name="web")
+            log.info(
+                "started",
+                version=__version__,
+                replica=config.replica_id,
+                endpoints=[t.spec.name for t in built.targets],
+                listen=config.listen,
+                database=_safe_url(config.database),
+                recovered_interrupted=recovered,
+            )
+            stop_task = asyncio.create_task(self.stop.wait(), name="stop")
+            done, _ = await asyncio.wait(
+                {web_task, stop_task}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if web_task in done and web_task.exception() is not None:
+                log.error("web_server_failed", error=str(web_task.exception()))
+            log.info("stopping", grace_seconds=self.grace_seconds)
+            await scheduler.shutdown(self.grace_seconds)
+            web.should_exit = True
+            await asyncio.wait({web_task}, timeout=5)
+            stop_task.cancel()
+            log.info("stopped")
+            if web_task.done() and web_task.exception() is not None:
+                raise SystemExit(f"web server failed: {web_task.exception()}")
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)

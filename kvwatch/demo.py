@@ -1,0 +1,53 @@
+"""Zero-config mode: simulated endpoints (one healthy, the rest faulty) monitored into SQLite.
+
+A newcomer runs ``kvwatch run`` with no configuration and sees every verdict appear within a
+minute; the same fleet is what ``kvwatch simulate`` serves for game days.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from kvwatch.config import Config, parse_config
+from kvwatch.daemon import Daemon
+from kvwatch.simulator.fleet import demo_fleet
+from kvwatch.simulator.server import run_simulator
+
+DEMO_INTERVAL = "20s"
+
+
+def demo_config(urls: dict[str, tuple[str, str, int]], database: str) -> Config:
+    """A config monitoring each simulated endpoint (url, model, window) by name.
+
+    The KV pool is deliberately not configured: the faulty endpoints advertise more window
+    than their pool, which the capacity gate would (rightly) refuse to start with.
+    """
+    doc = {
+        "database": database,
+        "listen": "127.0.0.1:9464",
+        "defaults": {"interval": DEMO_INTERVAL, "jitter": "2s"},
+        "endpoints": [
+            {"name": name, "url": url, "model": model, "context_window": window}
+            for name, (url, model, window) in urls.items()
+        ],
+    }
+    return parse_config(yaml.safe_dump(doc), source="<demo>")
+
+
+async def run_demo(*, grace_seconds: float, database: str = "sqlite:///kvwatch.db") -> None:
+    import structlog
+
+    log = structlog.get_logger("kvwatch.demo")
+    fleet = demo_fleet()
+    async with run_simulator(fleet) as sim:
+        urls = {ep.name: (sim.url_for(ep.name), ep.model, ep.window) for ep in fleet}
+        log.info(
+            "demo_mode",
+            hint="no kvwatch.yaml found: monitoring simulated endpoints; see README to configure",
+            simulator=sim.base_url,
+            endpoints={ep.name: ep.fault.value for ep in fleet},
+            ui="http://127.0.0.1:9464/",
+        )
+        daemon = Daemon(demo_config(urls, database), grace_seconds=grace_seconds)
+        daemon.install_signal_handlers()
+        await daemon.run()

@@ -1,0 +1,336 @@
+"""Running one probe end to end: plan, record, send, judge, store, count, log.
+
+A probe row is written (state ``running``) before the request goes out and completed after
+it, so a crash leaves a row that the next start marks ``interrupted``, never nothing. A
+critical verdict is re-checked at once by a confirmation probe (DESIGN §2) unless the
+endpoint says otherwise; both are stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import structlog
+
+from kvwatch.canary import markers
+from kvwatch.canary.model import (
+    SEVERITY,
+    Exchange,
+    ForeignMarker,
+    Judgement,
+    PlannedPrompt,
+    ProbeKind,
+    Severity,
+    Verdict,
+)
+from kvwatch.canary.planning import PlanningError, plan_prompt
+from kvwatch.canary.sizing import SizingError, target_prompt_tokens
+from kvwatch.canary.verdicts import judge
+from kvwatch.config import EndpointSpec
+from kvwatch.engines.base import Engine, ProgressCallback
+from kvwatch.metrics import ProbeMetrics
+from kvwatch.store.records import AlertStateRecord, NewProbe, ProbeOutcome
+from kvwatch.store.repository import Store
+from kvwatch.tokens.base import TokenCounter
+
+EXCERPT_CHARS = 400
+ERROR_BODY_CHARS = 2000
+
+log = structlog.get_logger("kvwatch.probe")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(slots=True)
+class Target:
+    """One monitored endpoint with the clients built for it."""
+
+    spec: EndpointSpec
+    endpoint_id: int
+    engine: Engine
+    counter: TokenCounter
+    window: int | None = None  # configured, else discovered on first use
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeReport:
+    """What a finished probe looked like: for the CLI and the alerting hook."""
+
+    probe_id: int
+    endpoint: str
+    kind: ProbeKind
+    verdict: Verdict
+    reason: str
+    status: int | None
+    planned_prompt_tokens: int | None
+    reported_prompt_tokens: int | None
+    marker: str | None
+    marker_found: bool
+    foreign: tuple[ForeignMarker, ...]
+    duration_seconds: float | None
+    confirms_probe_id: int | None
+    finished_at: datetime
+
+
+class AlertHook(Protocol):
+    """Alert evaluation plugged into the runner (see kvwatch.alerting)."""
+
+    def evaluate(self, report: ProbeReport, target: Target) -> Sequence[AlertStateRecord]:
+        """Alert states this result changes; written in the same transaction as the result."""
+        ...
+
+    def committed(self, records: Sequence[AlertStateRecord]) -> None:
+        """The states were stored: adopt them and wake delivery."""
+        ...
+
+
+@dataclass
+class ProbeRunner:
+    store: Store
+    metrics: ProbeMetrics
+    replica: str
+    clock: Callable[[], datetime] = utcnow
+    excerpt_chars: int = EXCERPT_CHARS
+    alert_hook: AlertHook | None = None
+
+    async def run_checked(
+        self, target: Target, kind: ProbeKind, progress: ProgressCallback | None = None
+    ) -> list[ProbeReport]:
+        """Run a probe and, on a critical verdict, its confirmation probe at once."""
+        first = await self.run(target, kind, progress=progress)
+        reports = [first]
+        if target.spec.confirm and SEVERITY[first.verdict] is Severity.CRITICAL:
+            reports.append(
+                await self.run(target, kind, confirms=first.probe_id, progress=progress)
+            )
+        return reports
+
+    async def run(
+        self,
+        target: Target,
+        kind: ProbeKind,
+        *,
+        confirms: int | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> ProbeReport:
+        spec = target.spec
+        marker = markers.new_marker()
+        started = self.clock()
+        plan: PlannedPrompt | None = None
+        failure: str | None = None
+        try:
+            plan = await self._plan(target, kind, marker)
+        except (PlanningError, SizingError, WindowUnknown) as exc:
+            failure = f"cannot plan the canary: {exc}"
+        except Exception as exc:  # tokenize endpoint down, garbage from it...
+            failure = f"cannot plan the canary: {type(exc).__name__}: {_short(str(exc))}"
+
+        probe_id = await asyncio.to_thread(
+            self.store.begin_probe,
+            NewProbe(
+                endpoint=spec.name,
+                endpoint_id=target.endpoint_id,
+                kind=kind.value,
+                started_at=started,
+                replica=self.replica,
+                model=spec.model,
+                planned_prompt_tokens=plan.planned_tokens if plan else 0,
+                target_prompt_tokens=plan.target_tokens if plan else 0,
+                max_tokens=spec.max_tokens,
+                token_source=plan.token_source if plan else target.counter.source,
+                tokenize_calls=plan.tokenize_calls if plan else 0,
+                marker=marker,
+                marker_depth=plan.marker_depth if plan else 0.0,
+                streamed=spec.stream,
+                confirms_probe_id=confirms,
+            ),
+        )
+        try:
+            if plan is None:
+                assert failure is not None
+                exchange = Exchange(error_detail=failure)
+                judgement = Judgement(Verdict.ERROR, failure)
+            else:
+                exchange = await target.engine.chat(
+                    plan.messages,
+                    max_tokens=plan.max_tokens,
+                    stream=spec.stream,
+                    timeout=spec.timeouts[kind],
+                    progress=progress,
+                )
+                foreign = await self._foreign_markers(exchange, marker)
+                judgement = judge(plan, exchange, foreign)
+                if exchange.prompt_tokens is not None:
+                    target.counter.observe(plan.planned_tokens, exchange.prompt_tokens)
+        except asyncio.CancelledError:
+            await asyncio.shield(
+                asyncio.to_thread(
+                    self.store.interrupt_running,
+                    probe_ids=[probe_id],
+                    reason="kvwatch stopped before the probe finished",
+                )
+            )
+            self.metrics.interrupted.inc()
+            raise
+        return await self._finish(target, kind, probe_id, plan, exchange, judgement, confirms)
+
+    async def _plan(self, target: Target, kind: ProbeKind, marker: str) -> PlannedPrompt:
+        spec = target.spec
+        window = await self._window(target)
+        counter = target.counter
+        # An estimated count keeps a margin so estimation error cannot cross the boundary.
+        margin = 0 if counter.exact else counter.tolerance(window)
+        tokens = target_prompt_tokens(
+            kind,
+            rule=target.engine.rule,
+            window=window,
+            max_tokens=spec.max_tokens,
+            baseline_tokens=spec.baseline_tokens,
+            margin=margin,
+        )
+        rng = random.Random(secrets.randbits(64))
+        depth = rng.choice(spec.marker_depths) if spec.marker_depths else 0.0
+        return await plan_prompt(
+            kind,
+            counter=counter,
+            target_tokens=tokens,
+            marker=marker,
+            max_tokens=spec.max_tokens,
+            rng=rng,
+            depth=depth,
+        )
+
+    async def _window(self, target: Target) -> int:
+        if target.window is None:
+            target.window = target.spec.context_window
+        if target.window is None:
+            found = await target.engine.discover()
+            if found.context_window is None:
+                raise WindowUnknown(
+                    "context_window is not configured and the engine does not report it"
+                )
+            target.window = found.context_window
+        return target.window
+
+    async def _foreign_markers(self, ex: Exchange, own: str) -> list[ForeignMarker]:
+        if not ex.answer:
+            return []
+        seen = [m for m in markers.markers_in_answer(ex.answer) if m != markers.canonical(own)]
+        if not seen:
+            return []
+        issued = await asyncio.to_thread(self.store.lookup_markers, seen)
+        # A marker-shaped string nobody issued is the model's invention, not a leak.
+        return [issued[m] for m in seen if m in issued]
+
+    async def _finish(
+        self,
+        target: Target,
+        kind: ProbeKind,
+        probe_id: int,
+        plan: PlannedPrompt | None,
+        ex: Exchange,
+        judgement: Judgement,
+        confirms: int | None,
+    ) -> ProbeReport:
+        spec = target.spec
+        finished = self.clock()
+        report = ProbeReport(
+            probe_id=probe_id,
+            endpoint=spec.name,
+            kind=kind,
+            verdict=judgement.verdict,
+            reason=judgement.reason,
+            status=ex.status,
+            planned_prompt_tokens=plan.planned_tokens if plan else None,
+            reported_prompt_tokens=ex.prompt_tokens,
+            marker=plan.marker if plan else None,
+            marker_found=judgement.marker_found,
+            foreign=tuple(judgement.foreign),
+            duration_seconds=ex.total_seconds,
+            confirms_probe_id=confirms,
+            finished_at=finished,
+        )
+        alert_states = self.alert_hook.evaluate(report, target) if self.alert_hook else ()
+        outcome = ProbeOutcome(
+            verdict=judgement.verdict.value,
+            reason=judgement.reason,
+            finished_at=finished,
+            reported_prompt_tokens=ex.prompt_tokens,
+            completion_tokens=ex.completion_tokens,
+            marker_found=judgement.marker_found if plan else None,
+            foreign_markers=judgement.foreign,
+            http_status=ex.status,
+            finish_reason=ex.finish_reason,
+            answer_excerpt=_bounded(ex.answer, self.excerpt_chars),
+            error_body=_bounded(ex.error_body, ERROR_BODY_CHARS),
+            error_detail=_bounded(ex.error_detail, ERROR_BODY_CHARS),
+            ttfb_seconds=ex.ttfb_seconds,
+            duration_seconds=ex.total_seconds,
+        )
+        t0 = time.perf_counter()
+        await asyncio.to_thread(
+            self.store.finish_probe,
+            probe_id,
+            outcome,
+            list(alert_states),
+        )
+        write_seconds = time.perf_counter() - t0
+        if self.alert_hook and alert_states:
+            self.alert_hook.committed(alert_states)
+        self.metrics.observe(
+            endpoint=spec.name,
+            kind=kind.value,
+            verdict=judgement.verdict,
+            finished_at=finished,
+            duration=ex.total_seconds,
+            planned=report.planned_prompt_tokens,
+            reported=ex.prompt_tokens,
+            completion=ex.completion_tokens,
+        )
+        log.info(
+            "probe",
+            endpoint=spec.name,
+            model=spec.model,
+            kind=kind.value,
+            probe_id=probe_id,
+            verdict=judgement.verdict.value,
+            reason=judgement.reason,
+            status=ex.status,
+            planned_prompt_tokens=report.planned_prompt_tokens,
+            reported_prompt_tokens=ex.prompt_tokens,
+            marker_found=judgement.marker_found,
+            foreign_probe_ids=[f.probe_id for f in judgement.foreign],
+            ttfb_seconds=_round(ex.ttfb_seconds),
+            duration_seconds=_round(ex.total_seconds),
+            tokenize_calls=plan.tokenize_calls if plan else 0,
+            confirms_probe_id=confirms,
+            store_write_seconds=round(write_seconds, 4),
+        )
+        return report
+
+
+class WindowUnknown(Exception):
+    pass
+
+
+def _bounded(text: str | None, limit: int) -> str | None:
+    if text is None or limit <= 0:
+        return None  # a limit of 0 switches excerpts off: they may hold other users' data
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 200 else text[:200] + "…"
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
