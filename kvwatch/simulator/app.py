@@ -1,0 +1,367 @@
+"""The simulator's HTTP face: one Starlette app serving every endpoint under ``/NAME/``.
+
+Per endpoint, ``/NAME/v1/...`` is the OpenAI-compatible API (what users put in kvwatch's
+``url``) and ``/NAME/tokenize``, ``/NAME/apply-template``, ``/NAME/health`` sit at the engine
+root, where vLLM and llama.cpp serve them. ``/_sim/stats`` and ``/NAME/_sim/fault`` are the
+control API for tests and game days. All decisions are made by :mod:`kvwatch.simulator.model`;
+this module parses requests and renders decisions in the engines' wire shapes.
+
+Shapes follow: vLLM ``TokenizeChatRequest`` / ``TokenizeCompletionRequest`` /
+``TokenizeResponse{count, max_model_len, tokens, token_strs}`` and ``ModelCard.max_model_len``
+(vllm/entrypoints/openai/protocol.py); llama.cpp ``/tokenize`` ``{content, add_special,
+with_pieces}`` → ``{tokens}`` and ``/apply-template`` ``{messages}`` → ``{prompt}``
+(tools/server/README.md, tools/server/tests/unit/test_tokenize.py); OpenAI chat completion and
+chunk objects with ``stream_options.include_usage`` (a last chunk with empty ``choices`` and
+``usage``, then ``data: [DONE]``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from kvwatch.canary.model import Message
+from kvwatch.simulator import errors, tokenizer
+from kvwatch.simulator.model import (
+    Answer,
+    ChatRequest,
+    EndpointState,
+    Reject,
+    Simulation,
+    StreamFailure,
+    render_chat,
+)
+from kvwatch.simulator.spec import FaultMode, Flavour
+
+
+class _BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _endpoint(request: Request) -> EndpointState:
+    sim: Simulation = request.app.state.simulation
+    name = request.path_params["name"]
+    state = sim.get(name)
+    if state is None:
+        raise HTTPException(404, f"no simulated endpoint named {name!r}")
+    return state
+
+
+def _authorised(state: EndpointState, request: Request) -> bool:
+    key = state.spec.api_key
+    if key is None:
+        return True
+    given = request.headers.get("authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
+
+
+def _error(state: EndpointState, status: int, message: str, param: str | None = None) -> Response:
+    return JSONResponse(errors.error_body(state.spec.flavour, status, message, param=param), status)
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body())
+    except ValueError as exc:
+        raise _BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise _BadRequest("request body must be a JSON object")
+    return body
+
+
+def _content_text(content: Any, index: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text"):
+                raise _BadRequest(f"messages[{index}].content: only text parts are supported")
+            texts.append(str(part.get("text", "")))
+        return "".join(texts)
+    raise _BadRequest(f"messages[{index}].content must be a string or a list of parts")
+
+
+def _messages(raw: Any) -> tuple[Message, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise _BadRequest("messages must be a non-empty list", "messages")
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or not isinstance(item.get("role"), str):
+            raise _BadRequest(f"messages[{i}] must be an object with a string role", "messages")
+        out.append(Message(role=item["role"], content=_content_text(item.get("content"), i)))
+    return tuple(out)
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    # vLLM reads max_completion_tokens first, then the deprecated max_tokens.
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _BadRequest(f"{key} must be a positive integer", key)
+        return value
+    return None
+
+
+def _usage(answer: Answer) -> dict[str, int]:
+    return {
+        "prompt_tokens": answer.prompt_tokens,
+        "completion_tokens": answer.completion_tokens,
+        "total_tokens": answer.prompt_tokens + answer.completion_tokens,
+    }
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+_DONE = b"data: [DONE]\n\n"
+
+
+class _Chunks:
+    """Builds ``chat.completion.chunk`` objects sharing one id, like a real stream."""
+
+    def __init__(self, model: str) -> None:
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+
+    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            ],
+        }
+
+    def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage,
+        }
+
+
+async def _answer_stream(model: str, answer: Answer, include_usage: bool) -> AsyncIterator[bytes]:
+    chunks = _Chunks(model)
+    yield _sse(chunks.chunk({"role": "assistant", "content": ""}))
+    for piece in answer.pieces:
+        yield _sse(chunks.chunk({"content": piece}))
+    yield _sse(chunks.chunk({}, answer.finish_reason))
+    if include_usage:
+        yield _sse(chunks.usage_chunk(_usage(answer)))
+    yield _DONE
+
+
+async def _failing_stream(model: str, failure: StreamFailure) -> AsyncIterator[bytes]:
+    chunks = _Chunks(model)
+    yield _sse(chunks.chunk({"role": "assistant", "content": ""}))
+    yield _sse(failure.error)
+    yield _DONE
+
+
+def _completion(model: str, answer: Answer) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": answer.text},
+                "logprobs": None,
+                "finish_reason": answer.finish_reason,
+            }
+        ],
+        "usage": _usage(answer),
+    }
+
+
+async def chat_completions(request: Request) -> Response:
+    state = _endpoint(request)
+    spec = state.spec
+    if not _authorised(state, request):
+        state.stats.requests += 1
+        state.stats.rejected += 1
+        return JSONResponse(errors.unauthorized(), 401)
+    try:
+        body = await _json_object(request)
+        model = body.get("model")
+        if model is not None and model != spec.model:
+            return _error(state, 404, f"The model `{model}` does not exist.", "model")
+        chat = ChatRequest(
+            messages=_messages(body.get("messages")),
+            max_tokens=_max_tokens(body),
+            stream=bool(body.get("stream", False)),
+        )
+    except _BadRequest as exc:
+        return _error(state, 400, str(exc), exc.param)
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+
+    decision = state.handle(chat)
+    if isinstance(decision, Reject):
+        return JSONResponse(decision.body, decision.status, headers=decision.headers)
+
+    # Prefill happens before the first byte; sleeping (never blocking) keeps every other
+    # endpoint of the fleet responsive meanwhile.
+    delay = spec.ttfb_delay
+    if spec.prefill_tokens_per_second > 0:
+        delay += decision.prefilled_tokens / spec.prefill_tokens_per_second
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+    if isinstance(decision, StreamFailure):
+        return StreamingResponse(
+            _failing_stream(spec.model, decision), media_type="text/event-stream"
+        )
+    if chat.stream:
+        return StreamingResponse(
+            _answer_stream(spec.model, decision, include_usage), media_type="text/event-stream"
+        )
+    return JSONResponse(_completion(spec.model, decision))
+
+
+async def tokenize(request: Request) -> Response:
+    state = _endpoint(request)
+    if not _authorised(state, request):
+        return JSONResponse(errors.unauthorized(), 401)
+    try:
+        body = await _json_object(request)
+        if "content" in body:  # llama.cpp
+            content = body["content"]
+            if not isinstance(content, str):
+                raise _BadRequest("content must be a string", "content")
+            state.stats.tokenize_calls += 1
+            # The simulator's vocabulary has no BOS token, so add_special changes nothing.
+            if body.get("with_pieces"):
+                pieces = tokenizer.tokenize(content)
+                ids = tokenizer.token_ids(content)
+                return JSONResponse(
+                    {"tokens": [{"id": i, "piece": p} for i, p in zip(ids, pieces, strict=True)]}
+                )
+            return JSONResponse({"tokens": tokenizer.token_ids(content)})
+        if "messages" in body:  # vLLM TokenizeChatRequest
+            text = render_chat(
+                _messages(body["messages"]),
+                add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+            )
+        elif "prompt" in body:  # vLLM TokenizeCompletionRequest
+            if not isinstance(body["prompt"], str):
+                raise _BadRequest("prompt must be a string", "prompt")
+            text = body["prompt"]
+        else:
+            raise _BadRequest("give messages, prompt or content")
+    except _BadRequest as exc:
+        return _error(state, 400, str(exc), exc.param)
+    state.stats.tokenize_calls += 1
+    ids = tokenizer.token_ids(text)
+    return JSONResponse(
+        {
+            "count": len(ids),
+            "max_model_len": state.spec.window,
+            "tokens": ids,
+            "token_strs": tokenizer.tokenize(text) if body.get("return_token_strs") else None,
+        }
+    )
+
+
+async def apply_template(request: Request) -> Response:
+    state = _endpoint(request)
+    if not _authorised(state, request):
+        return JSONResponse(errors.unauthorized(), 401)
+    try:
+        body = await _json_object(request)
+        messages = _messages(body.get("messages"))
+    except _BadRequest as exc:
+        return _error(state, 400, str(exc), exc.param)
+    return JSONResponse({"prompt": render_chat(messages)})
+
+
+async def models(request: Request) -> Response:
+    state = _endpoint(request)
+    if not _authorised(state, request):
+        return JSONResponse(errors.unauthorized(), 401)
+    spec = state.spec
+    card = {
+        "id": spec.model,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "kvwatch-sim",
+        "root": spec.model,
+        "parent": None,
+        "max_model_len": spec.window,
+    }
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+async def health(request: Request) -> Response:
+    _endpoint(request)
+    return JSONResponse({"status": "ok"})
+
+
+async def set_fault(request: Request) -> Response:
+    state = _endpoint(request)
+    try:
+        body = await _json_object(request)
+        fault = FaultMode(str(body.get("fault")))
+    except (_BadRequest, ValueError):
+        valid = ", ".join(mode.value for mode in FaultMode)
+        return _error(state, 400, f"fault must be one of: {valid}", "fault")
+    state.fault = fault
+    return JSONResponse({"name": state.spec.name, "fault": str(fault)})
+
+
+async def stats(request: Request) -> Response:
+    sim: Simulation = request.app.state.simulation
+    return JSONResponse(sim.stats())
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    detail = exc.detail if isinstance(exc, HTTPException) else "Internal server error"
+    return JSONResponse(
+        errors.error_body(Flavour.VLLM, status, detail),
+        status,
+    )
+
+
+def build_app(simulation: Simulation) -> Starlette:
+    app = Starlette(
+        routes=[
+            Route("/_sim/stats", stats, methods=["GET"]),
+            Route("/{name}/_sim/fault", set_fault, methods=["PUT"]),
+            Route("/{name}/v1/models", models, methods=["GET"]),
+            Route("/{name}/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/{name}/tokenize", tokenize, methods=["POST"]),
+            Route("/{name}/apply-template", apply_template, methods=["POST"]),
+            Route("/{name}/health", health, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: _http_error},
+    )
+    app.state.simulation = simulation
+    return app

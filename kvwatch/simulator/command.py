@@ -1,0 +1,164 @@
+"""``kvwatch simulate``: serve faulty LLM endpoints on loopback for demos and game days."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import signal
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+
+from kvwatch.simulator.fleet import demo_fleet
+from kvwatch.simulator.server import run_simulator
+from kvwatch.simulator.spec import FaultMode, Flavour, SimEndpoint
+
+_INT_KEYS = {"window", "kv_pool"}
+_FLOAT_KEYS = {"prefill_tokens_per_second", "ttfb_delay"}
+_ENDPOINT_KEYS = [f.name for f in dataclasses.fields(SimEndpoint)]
+
+
+def parse_endpoint(text: str) -> SimEndpoint:
+    """``name=x,window=8192,kv_pool=6144,fault=stale_kv`` → a :class:`SimEndpoint`."""
+    values: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep:
+            raise ValueError(f"{item!r}: expected key=value")
+        if key not in _ENDPOINT_KEYS:
+            raise ValueError(f"unknown key {key!r}; known keys: {', '.join(_ENDPOINT_KEYS)}")
+        if key in values:
+            raise ValueError(f"{key} given twice")
+        values[key] = value.strip()
+    if "name" not in values:
+        raise ValueError("name is required")
+    for key in _INT_KEYS & values.keys():
+        try:
+            values[key] = int(values[key].replace("_", ""))
+        except ValueError:
+            raise ValueError(f"{key} must be an integer, got {values[key]!r}") from None
+    for key in _FLOAT_KEYS & values.keys():
+        try:
+            values[key] = float(values[key])
+        except ValueError:
+            raise ValueError(f"{key} must be a number, got {values[key]!r}") from None
+    for key, enum_type in (("fault", FaultMode), ("flavour", Flavour)):
+        if key in values and values[key] not in {m.value for m in enum_type}:
+            known = ", ".join(m.value for m in enum_type)
+            raise ValueError(f"{key} must be one of: {known}")
+    return SimEndpoint(**values)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``127.0.0.1:8400`` or ``[::1]:8400`` → (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{text!r}: expected HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+class _EndpointParam(click.ParamType[SimEndpoint]):
+    name = "endpoint"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, SimEndpoint):
+            return value
+        try:
+            return parse_endpoint(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class _ListenParam(click.ParamType[tuple[str, int]]):
+    name = "host:port"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_listen(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def describe(endpoint: SimEndpoint, url: str) -> str:
+    pool = f"kv_pool={endpoint.pool_tokens}"
+    return (
+        f"{endpoint.name:<20} {url:<45} window={endpoint.window:<8} {pool:<15} "
+        f"fault={endpoint.fault.value}"
+    )
+
+
+async def serve(
+    endpoints: Sequence[SimEndpoint],
+    host: str,
+    port: int,
+    echo: Callable[[str], None],
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM (or until ``stop`` is set)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with run_simulator(endpoints, host=host, port=port) as sim:
+            echo(f"kvwatch simulator on {sim.base_url} ({len(endpoints)} endpoints)")
+            for endpoint in endpoints:
+                echo(describe(endpoint, sim.url_for(endpoint.name)))
+            echo(f"stats: {sim.base_url}/_sim/stats · Ctrl-C to stop")
+            await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+@click.command("simulate")
+@click.option(
+    "--listen",
+    type=_ListenParam(),
+    default="127.0.0.1:8400",
+    show_default=True,
+    help="Address to serve every simulated endpoint on.",
+)
+@click.option(
+    "--endpoint",
+    "endpoints",
+    type=_EndpointParam(),
+    multiple=True,
+    metavar="name=N,window=W,kv_pool=K,fault=F,...",
+    help=(
+        "A simulated endpoint (repeatable). Keys: "
+        + ", ".join(_ENDPOINT_KEYS)
+        + ". Faults: "
+        + ", ".join(m.value for m in FaultMode)
+        + "."
+    ),
+)
+@click.option(
+    "--demo",
+    is_flag=True,
+    help="Serve the demo fleet (one healthy endpoint, one per fault); the default without "
+    "--endpoint, added to the given endpoints with it.",
+)
+def simulate(listen: tuple[str, int], endpoints: tuple[SimEndpoint, ...], demo: bool) -> None:
+    """Serve fake OpenAI-compatible LLM endpoints that fail like real ones.
+
+    Each endpoint NAME answers at http://HOST:PORT/NAME/v1 (put that in kvwatch's `url`).
+    Fault modes reproduce silent KV-cache failures: stale pages leaking other requests'
+    data, truncation, limits not enforced, wrong rejections.
+    """
+    chosen = list(endpoints)
+    if demo or not chosen:
+        chosen.extend(demo_fleet())
+    host, port = listen
+    try:
+        asyncio.run(serve(chosen, host, port, click.echo))
+    except ValueError as exc:  # duplicate names
+        raise click.UsageError(str(exc)) from exc
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from exc

@@ -1,0 +1,160 @@
+"""Error bodies in the exact shapes real engines send, so adapters are tested against them.
+
+Sources (checked against upstream code):
+
+- vLLM: ``ErrorResponse{error: ErrorInfo{message, type, param, code}}`` with ``code`` the HTTP
+  status (vllm/entrypoints/openai/protocol.py, ``ErrorInfo`` / ``ErrorResponse``); the
+  context-length message is the v0.18+ wording (vllm/renderers/params.py raising
+  ``VLLMValidationError(..., parameter="input_tokens", value=P)``, whose ``__str__`` appends
+  ``(parameter=..., value=...)``; vllm/exceptions.py). Older releases said "However, you
+  requested X tokens (P in the messages, M in the completion)"
+  (vllm/entrypoints/openai/serving_engine.py ``_validate_input``); the OpenAI flavour keeps
+  that classic text.
+- vLLM mid-stream errors: ``data: {"error": {...}}`` built by ``create_streaming_error_response``
+  (vllm/entrypoints/openai/serving_engine.py), which defaults to ``BadRequestError`` / 400
+  even for engine failures, followed by ``data: [DONE]``.
+- llama.cpp server: ``format_error_response`` plus, for ``ERROR_TYPE_EXCEED_CONTEXT_SIZE``,
+  ``n_prompt_tokens`` and ``n_ctx`` (tools/server/server-task.cpp,
+  ``server_task_result_error::to_json``); message "request (%d tokens) exceeds the available
+  context size (%d tokens), try increasing it" (tools/server/server-context.cpp).
+- OpenAI: ``{"error": {"message", "type": "invalid_request_error", "param": "messages",
+  "code": "context_length_exceeded"}}``; 401 ``invalid_api_key``; 429 ``rate_limit_exceeded``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvwatch.simulator.spec import Flavour
+
+ErrorBody = dict[str, Any]
+
+_VLLM_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    500: "InternalServerError",
+}
+_LLAMACPP_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    500: "server_error",
+}
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    404: "invalid_request_error",
+    500: "server_error",
+}
+
+
+def _type(types: dict[int, str], status: int) -> str:
+    return types.get(status, types[400] if status < 500 else types[500])
+
+
+def error_body(
+    flavour: Flavour, status: int, message: str, *, param: str | None = None
+) -> ErrorBody:
+    """A generic error of ``status`` in the flavour's envelope."""
+    if flavour is Flavour.LLAMACPP:
+        return {
+            "error": {"code": status, "message": message, "type": _type(_LLAMACPP_TYPES, status)}
+        }
+    if flavour is Flavour.OPENAI:
+        return {
+            "error": {
+                "message": message,
+                "type": _type(_OPENAI_TYPES, status),
+                "param": param,
+                "code": None,
+            }
+        }
+    return {
+        "error": {
+            "message": message,
+            "type": _type(_VLLM_TYPES, status),
+            "param": param,
+            "code": status,
+        }
+    }
+
+
+def context_length_error(
+    flavour: Flavour, *, window: int, prompt_tokens: int, max_tokens: int | None
+) -> ErrorBody:
+    """The 400 body each engine sends when a request does not fit its context window."""
+    if flavour is Flavour.LLAMACPP:
+        return {
+            "error": {
+                "code": 400,
+                "message": (
+                    f"request ({prompt_tokens} tokens) exceeds the available context size "
+                    f"({window} tokens), try increasing it"
+                ),
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": prompt_tokens,
+                "n_ctx": window,
+            }
+        }
+    if flavour is Flavour.OPENAI:
+        if max_tokens is None:
+            detail = f"However, your messages resulted in {prompt_tokens} tokens. "
+            advice = "Please reduce the length of the messages."
+        else:
+            detail = (
+                f"However, you requested {prompt_tokens + max_tokens} tokens "
+                f"({prompt_tokens} in the messages, {max_tokens} in the completion). "
+            )
+            advice = "Please reduce the length of the messages or completion."
+        message = f"This model's maximum context length is {window} tokens. {detail}{advice}"
+        return {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        }
+    output = max_tokens or 0
+    return {
+        "error": {
+            "message": (
+                f"This model's maximum context length is {window} tokens. However, you "
+                f"requested {output} output tokens and your prompt contains {prompt_tokens} "
+                f"input tokens, for a total of {prompt_tokens + output} tokens. Please reduce "
+                "the length of the input prompt or the number of requested output tokens. "
+                f"(parameter=input_tokens, value={prompt_tokens})"
+            ),
+            "type": "BadRequestError",
+            "param": "input_tokens",
+            "code": 400,
+        }
+    }
+
+
+def stream_error_frame(flavour: Flavour, message: str) -> ErrorBody:
+    """The payload of a ``data:`` frame that reports a failure inside a 200 stream."""
+    if flavour is Flavour.VLLM:
+        # vLLM's create_streaming_error_response defaults to BadRequestError/400.
+        return error_body(flavour, 400, message)
+    return error_body(flavour, 500, message)
+
+
+def unauthorized() -> ErrorBody:
+    return {
+        "error": {
+            "message": "Incorrect API key provided.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
+
+
+def rate_limited(retry_after: int) -> ErrorBody:
+    return {
+        "error": {
+            "message": f"Rate limit reached for requests. Please try again in {retry_after}s.",
+            "type": "requests",
+            "param": None,
+            "code": "rate_limit_exceeded",
+        }
+    }

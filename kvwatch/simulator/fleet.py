@@ -1,0 +1,37 @@
+"""The demo fleet: one healthy endpoint and one per fault mode, small enough for quick cycles."""
+
+from __future__ import annotations
+
+from kvwatch.simulator.spec import FaultMode, SimEndpoint
+
+DEMO_MODEL = "sim-1"
+
+# Window and KV pool per fault. The KV faults need a pool smaller than the window (that gap is
+# the incident); the others get a correctly sized pool so only their own fault shows.
+_SIZES: dict[FaultMode, tuple[int, int]] = {
+    FaultMode.HEALTHY: (8192, 8192),
+    FaultMode.STALE_KV: (8192, 6144),
+    FaultMode.TRUNCATE_HEAD: (8192, 6144),
+    FaultMode.TRUNCATE_TAIL: (8192, 6144),
+    FaultMode.ACCEPT_OVER_LIMIT: (4096, 4096),
+    FaultMode.STREAM_ERROR_FRAME: (8192, 6144),
+    FaultMode.WRONG_STATUS: (4096, 4096),
+    FaultMode.WINDOW_NOT_SERVED: (8192, 6144),
+    FaultMode.NO_RECALL: (4096, 4096),
+    FaultMode.THROTTLED: (4096, 4096),
+    FaultMode.SERVER_ERROR: (4096, 4096),
+}
+
+
+def demo_fleet() -> list[SimEndpoint]:
+    """Endpoints named after their fault (``stale-kv``, ``truncate-head``, ...)."""
+    return [
+        SimEndpoint(
+            name=fault.value.replace("_", "-"),
+            model=DEMO_MODEL,
+            window=window,
+            kv_pool=kv_pool,
+            fault=fault,
+        )
+        for fault, (window, kv_pool) in _SIZES.items()
+    ]

@@ -1,0 +1,334 @@
+"""The simulated engine, pure: chat template, a deterministic "model", the KV page pool, faults.
+
+:func:`decide` maps (endpoint state, request) to what the engine does: reject with a status and
+body, fail mid-stream, or answer with text and usage. The HTTP layer only renders decisions.
+
+The "model" is deliberately simple and honest about what it saw: it answers with the first
+kvwatch marker in the tokens it *attended to*, or says it found none. So every fault that
+changes what is attended (truncation, a placeholder over stale KV pages) changes the answer
+exactly as it would on a real engine, and a stale page's marker leaks into someone else's
+answer.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvwatch.canary.markers import find_markers
+from kvwatch.canary.model import Message
+from kvwatch.simulator import errors, tokenizer
+from kvwatch.simulator.errors import ErrorBody
+from kvwatch.simulator.spec import FaultMode, Flavour, SimEndpoint
+
+NOT_FOUND = "I could not find a code in the text."
+PAGE_TOKENS = 256
+MAX_PAGES = 64
+RETRY_AFTER_SECONDS = 7
+# What a swapped-out prompt becomes: one token, which holds nothing worth recalling.
+PLACEHOLDER_TOKENS = 1
+
+
+def render_chat(messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
+    """The simulator's chat template (ChatML), the text that is tokenized and counted."""
+    parts = [f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n" for m in messages]
+    if add_generation_prompt:
+        parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
+class KVPagePool:
+    """The KV pages one endpoint keeps after serving requests, oldest first.
+
+    Pages are fixed-size runs of tokens aligned on the start of each prompt, as in a paged KV
+    cache. Only the most recent pages are kept: at most ``MAX_PAGES`` or the KV pool's worth,
+    whichever is smaller. They are what a stale-KV fault attends to instead of the prompt.
+    """
+
+    def __init__(self, kv_pool: int, *, page_tokens: int = PAGE_TOKENS) -> None:
+        self.page_tokens = page_tokens
+        self.max_pages = max(1, min(MAX_PAGES, kv_pool // page_tokens))
+        self._pages: deque[str] = deque(maxlen=self.max_pages)
+
+    def write(self, text: str, n_tokens: int) -> None:
+        """Store ``text`` (``n_tokens`` tokens) as pages; older pages fall out."""
+        total_pages = -(-n_tokens // self.page_tokens)
+        # Pages that would be evicted at once are never tokenized: a 1M-token prompt only
+        # costs its tail.
+        skip_pages = max(0, total_pages - self.max_pages)
+        tail = text[tokenizer.char_offset(text, skip_pages * self.page_tokens) :]
+        pieces = tokenizer.tokenize(tail)
+        for start in range(0, len(pieces), self.page_tokens):
+            self._pages.append("".join(pieces[start : start + self.page_tokens]))
+
+    def recent_first(self) -> str:
+        """The pages' text, most recent page first: what a stale decode attends over."""
+        return "".join(reversed(self._pages))
+
+    def __len__(self) -> int:
+        return len(self._pages)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    messages: tuple[Message, ...]
+    max_tokens: int | None
+    stream: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """No answer: an HTTP error status with its body. Nothing was prefilled."""
+
+    status: int
+    body: ErrorBody
+    headers: dict[str, str] = field(default_factory=dict)
+    prefilled_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamFailure:
+    """A 200 stream that sends its role chunk, then an error frame, then ``[DONE]``."""
+
+    error: ErrorBody
+    prefilled_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    pieces: tuple[str, ...]  # the answer's tokens, streamed one per chunk
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int  # what usage reports
+    prefilled_tokens: int  # what was actually processed
+    # The prefilled text, written to the KV pages once served (None: nothing worth keeping).
+    prefilled_text: str | None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.pieces)
+
+
+Decision = Reject | StreamFailure | Answer
+
+
+@dataclass(slots=True)
+class EndpointStats:
+    requests: int = 0
+    prefilled_tokens: int = 0
+    rejected: int = 0
+    tokenize_calls: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "requests": self.requests,
+            "prefilled_tokens": self.prefilled_tokens,
+            "rejected": self.rejected,
+            "tokenize_calls": self.tokenize_calls,
+        }
+
+
+class EndpointState:
+    """One endpoint's mutable state: its current fault, KV pages and counters."""
+
+    def __init__(self, spec: SimEndpoint) -> None:
+        self.spec = spec
+        self.fault = spec.fault
+        self.pool = KVPagePool(spec.pool_tokens)
+        self.stats = EndpointStats()
+
+    def handle(self, request: ChatRequest) -> Decision:
+        """Decide on ``request`` and record its effects (counters, KV pages)."""
+        decision = decide(self.spec, self.fault, self.pool, request)
+        self.record(decision)
+        return decision
+
+    def record(self, decision: Decision) -> None:
+        self.stats.requests += 1
+        self.stats.prefilled_tokens += decision.prefilled_tokens
+        if isinstance(decision, Reject):
+            self.stats.rejected += 1
+        if isinstance(decision, Answer) and decision.prefilled_text is not None:
+            self.pool.write(decision.prefilled_text, decision.prefilled_tokens)
+
+
+def recall(attended: str, *, can_recall: bool = True) -> str:
+    """The model: repeat the first kvwatch marker it attended to, verbatim."""
+    markers = find_markers(attended) if can_recall else []
+    return markers[0] if markers else NOT_FOUND
+
+
+def _over_window(flavour: Flavour, window: int, prompt: int, max_tokens: int | None) -> bool:
+    """The engine's own admission rule (DESIGN §1)."""
+    if flavour is Flavour.LLAMACPP or max_tokens is None:
+        # llama.cpp rejects prompt >= n_ctx whatever max_tokens says; vLLM does the same when
+        # no max_tokens is given (the answer would have no room).
+        return prompt >= window
+    return prompt + max_tokens > window
+
+
+def _answer_limit(flavour: Flavour, window: int, prompt: int, max_tokens: int | None) -> int:
+    room = window - prompt
+    if max_tokens is None:
+        limit = room
+    elif flavour is Flavour.LLAMACPP:
+        # llama.cpp accepts a prompt below n_ctx and stops the answer when the context is full.
+        limit = min(max_tokens, room)
+    else:
+        limit = max_tokens
+    return max(1, limit)
+
+
+def _answer(
+    attended: str,
+    *,
+    limit: int,
+    can_recall: bool,
+    prompt_tokens: int,
+    prefilled_tokens: int,
+    prefilled_text: str | None,
+) -> Answer:
+    pieces = tokenizer.tokenize(recall(attended, can_recall=can_recall))
+    finish = "stop"
+    if len(pieces) > limit:
+        pieces, finish = pieces[:limit], "length"
+    return Answer(
+        pieces=tuple(pieces),
+        finish_reason=finish,
+        prompt_tokens=prompt_tokens,
+        prefilled_tokens=prefilled_tokens,
+        prefilled_text=prefilled_text,
+    )
+
+
+def decide(spec: SimEndpoint, fault: FaultMode, pool: KVPagePool, request: ChatRequest) -> Decision:
+    """What the engine does with ``request``. Reads ``pool``, changes nothing."""
+    flavour = spec.flavour
+    if fault is FaultMode.THROTTLED:
+        return Reject(
+            429,
+            errors.rate_limited(RETRY_AFTER_SECONDS),
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
+    if fault is FaultMode.SERVER_ERROR:
+        return Reject(500, errors.error_body(flavour, 500, "Internal server error"))
+
+    prompt_text = render_chat(request.messages)
+    sent = tokenizer.count(prompt_text)
+    window, pool_tokens, max_tokens = spec.window, spec.pool_tokens, request.max_tokens
+
+    over_window = _over_window(flavour, window, sent, max_tokens)
+    if over_window and fault is not FaultMode.ACCEPT_OVER_LIMIT:
+        if fault is FaultMode.WRONG_STATUS:
+            return Reject(500, errors.error_body(flavour, 500, "Internal server error"))
+        return Reject(
+            400,
+            errors.context_length_error(
+                flavour, window=window, prompt_tokens=sent, max_tokens=max_tokens
+            ),
+        )
+    if fault is FaultMode.WINDOW_NOT_SERVED and _over_window(
+        flavour, pool_tokens, sent, max_tokens
+    ):
+        # The engine enforces the pool it really has, not the window it advertises.
+        return Reject(
+            400,
+            errors.context_length_error(
+                flavour, window=pool_tokens, prompt_tokens=sent, max_tokens=max_tokens
+            ),
+        )
+
+    limit = _answer_limit(flavour, window, sent, max_tokens)
+    can_recall = fault is not FaultMode.NO_RECALL
+    over_pool = sent > pool_tokens
+
+    def reported(attended_tokens: int) -> int:
+        return attended_tokens if spec.report_usage == "attended" else sent
+
+    if over_window:  # only ACCEPT_OVER_LIMIT gets here: the context holds the first window.
+        kept = prompt_text[: tokenizer.char_offset(prompt_text, window)]
+        return _answer(
+            kept,
+            limit=limit,
+            can_recall=can_recall,
+            prompt_tokens=reported(window),
+            prefilled_tokens=window,
+            prefilled_text=kept,
+        )
+    if over_pool and fault is FaultMode.STALE_KV:
+        # The incident: the prompt is dropped for a placeholder, and decode reads whatever
+        # the pages still hold from earlier requests.
+        return _answer(
+            pool.recent_first(),
+            limit=limit,
+            can_recall=can_recall,
+            prompt_tokens=reported(PLACEHOLDER_TOKENS),
+            prefilled_tokens=PLACEHOLDER_TOKENS,
+            prefilled_text=None,
+        )
+    if over_pool and fault in (FaultMode.TRUNCATE_HEAD, FaultMode.TRUNCATE_TAIL):
+        if fault is FaultMode.TRUNCATE_HEAD:
+            kept = prompt_text[tokenizer.char_offset(prompt_text, sent - pool_tokens) :]
+        else:
+            kept = prompt_text[: tokenizer.char_offset(prompt_text, pool_tokens)]
+        return _answer(
+            kept,
+            limit=limit,
+            can_recall=can_recall,
+            prompt_tokens=reported(pool_tokens),
+            prefilled_tokens=pool_tokens,
+            prefilled_text=kept,
+        )
+    if over_pool and fault is FaultMode.STREAM_ERROR_FRAME:
+        message = (
+            f"KV cache exhausted: cannot allocate blocks for {sent} prompt tokens "
+            f"(the pool holds {pool_tokens})"
+        )
+        if request.stream:
+            return StreamFailure(errors.stream_error_frame(flavour, message), pool_tokens)
+        return Reject(500, errors.error_body(flavour, 500, message), prefilled_tokens=pool_tokens)
+    return _answer(
+        prompt_text,
+        limit=limit,
+        can_recall=can_recall,
+        prompt_tokens=sent,
+        prefilled_tokens=sent,
+        prefilled_text=prompt_text,
+    )
+
+
+class Simulation:
+    """Every endpoint one simulator process serves, by name. Endpoints share nothing."""
+
+    def __init__(self, endpoints: Sequence[SimEndpoint]) -> None:
+        self._states: dict[str, EndpointState] = {}
+        for spec in endpoints:
+            if spec.name in self._states:
+                raise ValueError(f"duplicate simulated endpoint name {spec.name!r}")
+            self._states[spec.name] = EndpointState(spec)
+
+    def get(self, name: str) -> EndpointState | None:
+        return self._states.get(name)
+
+    def __getitem__(self, name: str) -> EndpointState:
+        state = self._states.get(name)
+        if state is None:
+            raise KeyError(f"no simulated endpoint named {name!r}")
+        return state
+
+    @property
+    def endpoints(self) -> list[SimEndpoint]:
+        return [state.spec for state in self._states.values()]
+
+    def set_fault(self, name: str, fault: FaultMode | str) -> None:
+        self[name].fault = FaultMode(fault)
+
+    def stats(self) -> dict[str, dict[str, int | str]]:
+        return {
+            name: {**state.stats.as_dict(), "fault": str(state.fault)}
+            for name, state in self._states.items()
+        }

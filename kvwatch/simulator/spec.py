@@ -1,0 +1,95 @@
+"""What one simulated endpoint is: its advertised window, its KV pool, and how it misbehaves."""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+# Endpoint names become URL path segments; names starting with "_" are reserved for the
+# control API (``/_sim/...``).
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class FaultMode(enum.StrEnum):
+    """How an endpoint degrades. Each one reproduces a failure kvwatch must catch."""
+
+    HEALTHY = "healthy"
+    # A prompt over the KV pool is swapped for a one-token placeholder; decode attends over
+    # pages left by earlier requests (other users' data) and answers 200.
+    STALE_KV = "stale_kv"
+    # A prompt over the KV pool silently keeps only its last / first ``kv_pool`` tokens.
+    TRUNCATE_HEAD = "truncate_head"
+    TRUNCATE_TAIL = "truncate_tail"
+    # No admission check: an over-window prompt is answered from its first ``window`` tokens.
+    ACCEPT_OVER_LIMIT = "accept_over_limit"
+    # A prompt over the KV pool fails mid-stream: 200, a role chunk, then an error frame.
+    STREAM_ERROR_FRAME = "stream_error_frame"
+    # An over-window prompt gets a generic 500 instead of a 400 context-length error.
+    WRONG_STATUS = "wrong_status"
+    # A prompt over the KV pool is rejected as if the window were the KV pool.
+    WINDOW_NOT_SERVED = "window_not_served"
+    # The model never recalls a marker: a weak model, not a broken boundary.
+    NO_RECALL = "no_recall"
+    THROTTLED = "throttled"
+    SERVER_ERROR = "server_error"
+
+
+class Flavour(enum.StrEnum):
+    """Whose admission rule and error bodies the endpoint imitates."""
+
+    # Rejects prompt + max_tokens > window with a 400 BadRequestError.
+    VLLM = "vllm"
+    # Rejects prompt >= n_ctx with a 400 exceed_context_size_error; a prompt below n_ctx is
+    # accepted and its answer cut to the room left.
+    LLAMACPP = "llamacpp"
+    # Rejects prompt + max_tokens > window with a 400 context_length_exceeded.
+    OPENAI = "openai"
+
+
+ReportUsage = Literal["attended", "sent"]
+
+
+@dataclass(frozen=True, slots=True)
+class SimEndpoint:
+    """One virtual endpoint, served under ``/NAME/``.
+
+    ``kv_pool`` is the number of tokens the endpoint's KV cache can hold for one request; it
+    defaults to the window (a correctly sized deployment). Only the KV faults look at it.
+    ``report_usage`` says what ``usage.prompt_tokens`` reports when a prompt was not processed
+    whole: the tokens actually attended to, or (an engine that lies) the tokens sent.
+    """
+
+    name: str
+    model: str = "sim-1"
+    window: int = 8192
+    kv_pool: int | None = None
+    fault: FaultMode = FaultMode.HEALTHY
+    report_usage: ReportUsage = "attended"
+    api_key: str | None = None
+    prefill_tokens_per_second: float = 0.0  # 0 = instant
+    ttfb_delay: float = 0.0
+    flavour: Flavour = Flavour.VLLM
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.fullmatch(self.name):
+            raise ValueError(
+                f"endpoint name {self.name!r}: use letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
+        if self.window <= 0:
+            raise ValueError(f"endpoint {self.name}: window must be a positive integer")
+        if self.kv_pool is not None and self.kv_pool <= 0:
+            raise ValueError(f"endpoint {self.name}: kv_pool must be a positive integer")
+        if self.report_usage not in ("attended", "sent"):
+            raise ValueError(f"endpoint {self.name}: report_usage must be 'attended' or 'sent'")
+        if self.prefill_tokens_per_second < 0 or self.ttfb_delay < 0:
+            raise ValueError(f"endpoint {self.name}: latencies must not be negative")
+        # Coerce plain strings (from the CLI or YAML) into the enums, so comparisons hold.
+        object.__setattr__(self, "fault", FaultMode(self.fault))
+        object.__setattr__(self, "flavour", Flavour(self.flavour))
+
+    @property
+    def pool_tokens(self) -> int:
+        return self.window if self.kv_pool is None else self.kv_pool
