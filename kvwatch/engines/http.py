@@ -1,0 +1,157 @@
+"""HTTP helpers shared by engine adapters: capped body reads, timing, progress ticks, and the
+mapping from transport exceptions to :class:`~kvwatch.canary.model.TransportError`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+
+from kvwatch.canary.model import TransportError
+from kvwatch.engines.base import ProgressCallback
+
+MiB = 1024 * 1024
+DEFAULT_BODY_LIMIT = 4 * MiB
+ERROR_BODY_CHARS = 4096  # what an Exchange keeps of an engine's error body
+DETAIL_CHARS = 300  # one line of error detail
+
+
+class BodyTooLarge(Exception):
+    """The response body went past the read cap."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"response body exceeded the {limit}-byte read cap")
+        self.limit = limit
+
+
+@dataclass(slots=True)
+class Stopwatch:
+    """Monotonic timings of one exchange: first body byte and total."""
+
+    started: float = field(default_factory=time.monotonic)
+    first_byte: float | None = None
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def mark_first_byte(self) -> None:
+        if self.first_byte is None:
+            self.first_byte = time.monotonic()
+
+    @property
+    def ttfb(self) -> float | None:
+        return None if self.first_byte is None else self.first_byte - self.started
+
+
+async def read_capped(
+    response: httpx.Response, limit: int, clock: Stopwatch | None = None
+) -> bytes:
+    """Read a streamed response body, stopping with :class:`BodyTooLarge` past ``limit`` bytes
+    (a misbehaving endpoint must not make the monitor buffer gigabytes)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        if clock is not None and chunk:
+            clock.mark_first_byte()
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_prefix(response: httpx.Response, limit: int) -> bytes:
+    """Read at most ``limit`` bytes of a body and drop the rest (for error bodies, whose status
+    is the fact and whose text is only evidence)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        room = limit - size
+        chunks.append(chunk[:room])
+        size += min(len(chunk), room)
+        if size >= limit:
+            break
+    return b"".join(chunks)
+
+
+def bounded_text(data: bytes | str, limit: int = ERROR_BODY_CHARS) -> str:
+    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"... [{len(text) - limit} more characters]"
+
+
+def one_line(text: str, limit: int = DETAIL_CHARS) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+@contextlib.asynccontextmanager
+async def progress_ticks(
+    progress: ProgressCallback | None,
+    clock: Stopwatch,
+    *,
+    interval: float = 5.0,
+) -> AsyncIterator[None]:
+    """Call ``progress`` every ``interval`` seconds with what the request is waiting for, so a
+    CLI can show that a minutes-long prefill is alive. The ticker is a task cancelled on exit."""
+    if progress is None:
+        yield
+        return
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(interval)
+            phase = "waiting for first byte" if clock.first_byte is None else "receiving answer"
+            # A broken callback must not break the probe; progress is cosmetic.
+            with contextlib.suppress(Exception):
+                progress(f"{phase}, {clock.elapsed():.0f} s")
+
+    task = asyncio.create_task(tick())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def classify_transport_error(exc: BaseException) -> TransportError:
+    """Map an exception raised while talking to an engine to a TransportError kind."""
+    if isinstance(exc, BodyTooLarge):
+        return TransportError.TOO_LARGE
+    if _caused_by_tls(exc):
+        return TransportError.PROTOCOL
+    # A connect timeout means the engine was never reached: that is a connection problem, not
+    # a slow prefill, and the two deserve different words on a dashboard.
+    if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError | httpx.ProxyError):
+        return TransportError.CONNECT
+    if isinstance(exc, httpx.TimeoutException | TimeoutError):
+        return TransportError.TIMEOUT
+    if isinstance(exc, httpx.ReadError | httpx.WriteError | httpx.RemoteProtocolError):
+        return TransportError.READ
+    return TransportError.PROTOCOL
+
+
+def describe_transport_error(exc: BaseException, *, deadline: float | None = None) -> str:
+    kind = classify_transport_error(exc)
+    if kind is TransportError.TIMEOUT and deadline is not None:
+        return f"timeout: no complete answer within the {deadline:g} s deadline"
+    message = str(exc) or exc.__class__.__name__
+    return one_line(f"{kind.value}: {exc.__class__.__name__}: {message}")
+
+
+def _caused_by_tls(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ssl.SSLError | ssl.CertificateError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False

@@ -1,0 +1,565 @@
+"""The OpenAI-compatible adapter: chat completions (streaming or not), tokenize, discovery.
+
+This is the common case (vLLM, SGLang, llama.cpp server, TGI's Messages API, LiteLLM, hosted
+APIs). It reports what came back as an :class:`~kvwatch.canary.model.Exchange` and never
+raises for HTTP or transport failures: a refused connection, a stalled prefill, a cut stream
+or an error frame are all facts a verdict is made of.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+from kvwatch.canary.model import Exchange, Message, Rejection, TransportError
+from kvwatch.canary.sizing import AcceptanceRule
+from kvwatch.engines.base import Discovery, ProgressCallback
+from kvwatch.engines.http import (
+    DEFAULT_BODY_LIMIT,
+    ERROR_BODY_CHARS,
+    BodyTooLarge,
+    Stopwatch,
+    bounded_text,
+    classify_transport_error,
+    describe_transport_error,
+    one_line,
+    progress_ticks,
+    read_capped,
+    read_prefix,
+)
+from kvwatch.engines.rejections import (
+    classify_rejection,
+    error_message,
+    is_context_length_payload,
+)
+from kvwatch.engines.sse import SSEDecodeError, SSEParser
+
+TokenizeShape = Literal["vllm", "llamacpp"]
+
+# The answer of a canary is a few tokens; anything past this is kept out of memory.
+ANSWER_CHARS = 256 * 1024
+# Tokenize calls are concurrent per piece but bounded, so a vocabulary of filler pieces does
+# not open hundreds of connections to the engine at once.
+TOKENIZE_CONCURRENCY = 8
+
+
+class EngineCallError(Exception):
+    """A helper call (tokenize, discovery) failed in transport or with an unexpected status;
+    the message is one line, safe to log (it never holds the API key)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """What a 2xx body said, parsed; ``problem`` explains why it is not a completion."""
+
+    answer: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    problem: str | None = None
+    error_payload: Any = None
+
+
+def parse_completion(payload: Any) -> Completion:
+    """Read a non-streamed chat completion body (already JSON-decoded). Pure."""
+    if not isinstance(payload, dict):
+        return Completion(problem=f"2xx body is a JSON {type(payload).__name__}, not an object")
+    if payload.get("error"):
+        said = error_message(payload) or "no message"
+        return Completion(
+            problem=one_line(f"2xx body carries an error object: {said}"),
+            error_payload=payload,
+        )
+    prompt_tokens, completion_tokens = _usage(payload.get("usage"))
+    choices = payload.get("choices")
+    if not isinstance(choices, list):
+        return Completion(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            problem="2xx body has no choices array",
+        )
+    if not choices:
+        return Completion(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            problem="2xx body has an empty choices array",
+        )
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        return Completion(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            problem="choices[0] has no message object",
+        )
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        return Completion(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            problem=f"choices[0].message.content is a {type(content).__name__}, not a string",
+        )
+    finish = choice.get("finish_reason")
+    return Completion(
+        # A null content (the model produced nothing visible) is an empty answer, not a
+        # malformed body: the marker is then missing, which is the finding.
+        answer=(content or "")[:ANSWER_CHARS],
+        finish_reason=finish if isinstance(finish, str) else None,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+    )
+
+
+def _usage(usage: Any) -> tuple[int | None, int | None]:
+    if not isinstance(usage, dict):
+        return None, None
+    return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class StreamReader:
+    """Accumulates an OpenAI chat-completion SSE stream into an Exchange. Pure (no I/O)."""
+
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+        self.parser = SSEParser()
+        self.chunks = 0
+        self._answer: list[str] = []
+        self._answer_chars = 0
+
+    @property
+    def done(self) -> bool:
+        return self.parser.done
+
+    def feed(self, data: bytes) -> None:
+        for event in self.parser.feed(data):
+            self._event(event.data, event.event)
+
+    def finish(self) -> None:
+        for event in self.parser.close():
+            self._event(event.data, event.event)
+        ex = self.exchange
+        ex.stream_terminated = self.parser.done
+        ex.answer = "".join(self._answer)
+        if ex.stream_error_frame:
+            ex.body_parsed = False
+        elif ex.error_detail is None:
+            if not self.parser.done:
+                state = "inside an event" if self.parser.cut_mid_event else "between events"
+                ex.error_detail = f"stream ended without [DONE] ({state}, {self.chunks} chunks)"
+            ex.body_parsed = self.chunks > 0
+            if self.chunks == 0 and ex.error_detail is None:
+                ex.error_detail = "stream ended with [DONE] but carried no completion chunk"
+
+    def _event(self, data: str, name: str | None) -> None:
+        ex = self.exchange
+        try:
+            payload: Any = json.loads(data)
+        except ValueError:
+            if ex.error_detail is None:
+                ex.error_detail = one_line(f"SSE frame is not JSON: {data}")
+            ex.body_parsed = False
+            return
+        if name == "error" or (isinstance(payload, dict) and payload.get("error")):
+            self._error_frame(payload)
+            return
+        if not isinstance(payload, dict):
+            if ex.error_detail is None:
+                ex.error_detail = f"SSE frame is a JSON {type(payload).__name__}, not an object"
+            return
+        self.chunks += 1
+        prompt_tokens, completion_tokens = _usage(payload.get("usage"))
+        if prompt_tokens is not None:
+            ex.prompt_tokens = prompt_tokens
+        if completion_tokens is not None:
+            ex.completion_tokens = completion_tokens
+        choices = payload.get("choices")
+        if not isinstance(choices, list):
+            return
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                content = delta.get("content")
+                if isinstance(content, str) and self._answer_chars < ANSWER_CHARS:
+                    piece = content[: ANSWER_CHARS - self._answer_chars]
+                    self._answer.append(piece)
+                    self._answer_chars += len(piece)
+            finish = choice.get("finish_reason")
+            if isinstance(finish, str):
+                ex.finish_reason = finish
+
+    def _error_frame(self, payload: Any) -> None:
+        ex = self.exchange
+        ex.stream_error_frame = True
+        ex.body_parsed = False
+        text = json.dumps(payload)
+        if ex.error_body is None:
+            ex.error_body = bounded_text(text, ERROR_BODY_CHARS)
+        ex.rejection = (
+            Rejection.CONTEXT_LENGTH if is_context_length_payload(payload) else Rejection.OTHER
+        )
+        message = error_message(payload) or text
+        ex.error_detail = one_line(f"error frame in a 2xx stream: {message}")
+
+
+class OpenAIEngine:
+    """An OpenAI-compatible endpoint. ``base_url`` is the API base (usually ending in ``/v1``);
+    the engine root, where vLLM and llama.cpp serve ``/tokenize``, is that URL without it."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str | None,
+        body_limit_bytes: int = DEFAULT_BODY_LIMIT,
+        rule: AcceptanceRule = AcceptanceRule.PROMPT_PLUS_MAX_TOKENS,
+        flavour: str = "openai",
+        tokenize_shape: TokenizeShape | None = None,
+        tokenize_timeout: float = 300.0,
+        progress_interval: float = 5.0,
+    ) -> None:
+        self._client = client
+        self.base_url = base_url.rstrip("/")
+        self.root_url = self.base_url.removesuffix("/v1")
+        self.model = model
+        self._api_key = api_key
+        self.body_limit_bytes = body_limit_bytes
+        self.rule = rule
+        self.flavour = flavour
+        # Which tokenize dialect the engine speaks; found on first use unless configured.
+        self.tokenize_shape: TokenizeShape | None = tokenize_shape
+        self._shape_pinned = tokenize_shape is not None
+        self.tokenize_timeout = tokenize_timeout
+        self.progress_interval = progress_interval
+
+    def __repr__(self) -> str:  # never show the key
+        return (
+            f"OpenAIEngine(flavour={self.flavour!r}, base_url={self.base_url!r}, "
+            f"model={self.model!r})"
+        )
+
+    # -- chat -------------------------------------------------------------------------------
+
+    async def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int,
+        stream: bool,
+        # The Engine protocol names it; it is applied with asyncio.timeout below.
+        timeout: float,  # noqa: ASYNC109
+        progress: ProgressCallback | None = None,
+    ) -> Exchange:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": stream,
+        }
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        exchange = Exchange(streamed=stream)
+        clock = Stopwatch()
+        try:
+            # One deadline for the whole exchange (a 1M-token prefill may take minutes); the
+            # httpx timeouts are the same number so none of them fires earlier than it.
+            async with (
+                asyncio.timeout(timeout),
+                progress_ticks(progress, clock, interval=self.progress_interval),
+            ):
+                await self._exchange(body, exchange, clock, timeout)
+        except (httpx.HTTPError, TimeoutError, BodyTooLarge, SSEDecodeError) as exc:
+            self._transport_failure(exchange, exc, timeout)
+        exchange.ttfb_seconds = clock.ttfb
+        exchange.total_seconds = clock.elapsed()
+        return exchange
+
+    async def _exchange(
+        self, body: dict[str, Any], exchange: Exchange, clock: Stopwatch, deadline: float
+    ) -> None:
+        request = self._client.build_request(
+            "POST",
+            f"{self.base_url}/chat/completions",
+            json=body,
+            headers=self._headers(stream=bool(body["stream"])),
+            timeout=httpx.Timeout(deadline),
+        )
+        response = await self._client.send(request, stream=True)
+        try:
+            exchange.status = response.status_code
+            if not response.is_success:
+                raw = await read_prefix(response, min(self.body_limit_bytes, 64 * 1024))
+                clock.mark_first_byte()
+                exchange.error_body = bounded_text(raw, ERROR_BODY_CHARS)
+                exchange.rejection = classify_rejection(response.status_code, raw)
+                exchange.error_detail = one_line(
+                    f"HTTP {response.status_code}: {self._error_summary(raw)}"
+                )
+                return
+            content_type = response.headers.get("content-type", "")
+            if body["stream"] and "text/event-stream" in content_type:
+                await self._read_stream(response, exchange, clock)
+            else:
+                # Also the path of an engine that ignores stream=true and answers in JSON:
+                # what came back was not streamed, and is read as what it is.
+                exchange.streamed = False
+                raw = await read_capped(response, self.body_limit_bytes, clock)
+                clock.mark_first_byte()
+                self._read_completion(raw, exchange)
+        finally:
+            await response.aclose()
+
+    async def _read_stream(
+        self, response: httpx.Response, exchange: Exchange, clock: Stopwatch
+    ) -> None:
+        reader = StreamReader(exchange)
+        size = 0
+        try:
+            async for chunk in response.aiter_bytes():
+                if not chunk:
+                    continue
+                clock.mark_first_byte()
+                size += len(chunk)
+                if size > self.body_limit_bytes:
+                    raise BodyTooLarge(self.body_limit_bytes)
+                reader.feed(chunk)
+                if reader.done:
+                    break  # anything after [DONE] is not part of the answer
+        finally:
+            # Even a cut stream keeps what arrived: a partial answer is evidence.
+            reader.finish()
+
+    def _read_completion(self, raw: bytes, exchange: Exchange) -> None:
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            exchange.body_parsed = False
+            exchange.error_body = bounded_text(raw, ERROR_BODY_CHARS)
+            exchange.error_detail = one_line(
+                f"2xx body is not JSON ({len(raw)} bytes): {raw[:120].decode('utf-8', 'replace')}"
+            )
+            return
+        parsed = parse_completion(payload)
+        exchange.prompt_tokens = parsed.prompt_tokens
+        exchange.completion_tokens = parsed.completion_tokens
+        exchange.finish_reason = parsed.finish_reason
+        if parsed.problem is not None:
+            exchange.body_parsed = False
+            exchange.error_detail = parsed.problem
+            if parsed.error_payload is not None:
+                exchange.error_body = bounded_text(raw, ERROR_BODY_CHARS)
+                exchange.rejection = (
+                    Rejection.CONTEXT_LENGTH
+                    if is_context_length_payload(parsed.error_payload)
+                    else Rejection.OTHER
+                )
+            return
+        exchange.answer = parsed.answer
+        exchange.body_parsed = True
+
+    def _transport_failure(self, exchange: Exchange, exc: BaseException, timeout: float) -> None:
+        if isinstance(exc, SSEDecodeError):
+            exchange.transport_error = TransportError.PROTOCOL
+            exchange.error_detail = one_line(f"protocol: {exc}")
+        else:
+            exchange.transport_error = classify_transport_error(exc)
+            exchange.error_detail = self._scrub(describe_transport_error(exc, deadline=timeout))
+        if exchange.streamed:
+            exchange.stream_terminated = False
+        exchange.body_parsed = False
+
+    def _error_summary(self, raw: bytes) -> str:
+        try:
+            message = error_message(json.loads(raw))
+        except ValueError:
+            message = None
+        return message or raw[:200].decode("utf-8", errors="replace") or "(empty body)"
+
+    def _headers(self, *, stream: bool = False) -> dict[str, str]:
+        headers = {"Accept": "text/event-stream" if stream else "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    def _scrub(self, text: str) -> str:
+        # Transport messages can echo a URL; a key pasted into one must not reach a log.
+        if self._api_key:
+            text = text.replace(self._api_key, "***")
+        return text
+
+    # -- helper calls -----------------------------------------------------------------------
+
+    async def _post_json(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        """POST to the engine root; returns (status, parsed JSON or None). Transport failures
+        raise :class:`EngineCallError`."""
+        return await self._call("POST", f"{self.root_url}{path}", body)
+
+    async def _call(self, method: str, url: str, body: dict[str, Any] | None) -> tuple[int, Any]:
+        try:
+            async with asyncio.timeout(self.tokenize_timeout):
+                request = self._client.build_request(
+                    method,
+                    url,
+                    json=body,
+                    headers=self._headers(),
+                    timeout=httpx.Timeout(self.tokenize_timeout),
+                )
+                response = await self._client.send(request, stream=True)
+                try:
+                    raw = await read_capped(response, self.body_limit_bytes)
+                finally:
+                    await response.aclose()
+        except (httpx.HTTPError, TimeoutError, BodyTooLarge) as exc:
+            detail = describe_transport_error(exc, deadline=self.tokenize_timeout)
+            raise EngineCallError(self._scrub(f"{method} {url}: {detail}")) from exc
+        try:
+            payload = json.loads(raw) if raw else None
+        except ValueError:
+            payload = None
+        return response.status_code, payload
+
+    async def _tokenize_vllm_chat(self, messages: Sequence[Message]) -> int | None:
+        status, payload = await self._post_json(
+            "/tokenize",
+            {
+                "model": self.model,
+                "messages": [{"role": m.role, "content": m.content} for m in messages],
+                "add_generation_prompt": True,
+            },
+        )
+        if status == 200 and isinstance(payload, dict):
+            return _int(payload.get("count"))
+        return None
+
+    async def _tokenize_llamacpp_chat(self, messages: Sequence[Message]) -> int | None:
+        status, payload = await self._post_json(
+            "/apply-template",
+            {"messages": [{"role": m.role, "content": m.content} for m in messages]},
+        )
+        if status != 200 or not isinstance(payload, dict):
+            return None
+        prompt = payload.get("prompt")
+        if not isinstance(prompt, str):
+            return None
+        # The chat endpoint tokenizes the templated prompt with special tokens (BOS) added.
+        return await self._tokenize_llamacpp_text(prompt, add_special=True)
+
+    async def _tokenize_llamacpp_text(self, text: str, *, add_special: bool) -> int | None:
+        status, payload = await self._post_json(
+            "/tokenize", {"content": text, "add_special": add_special}
+        )
+        if status == 200 and isinstance(payload, dict) and isinstance(payload.get("tokens"), list):
+            return len(payload["tokens"])
+        return None
+
+    async def _tokenize_vllm_text(self, text: str) -> int | None:
+        status, payload = await self._post_json(
+            "/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False}
+        )
+        if status == 200 and isinstance(payload, dict):
+            return _int(payload.get("count"))
+        return None
+
+    async def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
+        """The engine's own count of the templated prompt: vLLM's ``/tokenize`` with
+        ``messages`` first, else llama.cpp's ``/apply-template`` + ``/tokenize``. The dialect
+        that worked is remembered. ``None`` when neither exists; :class:`EngineCallError` when
+        the engine could not be reached."""
+        if self.tokenize_shape == "vllm":
+            count = await self._tokenize_vllm_chat(messages)
+        elif self.tokenize_shape == "llamacpp":
+            count = await self._tokenize_llamacpp_chat(messages)
+        else:
+            count = None
+        if count is not None or self._shape_pinned:
+            return count
+        # Unknown dialect, or the remembered one stopped working (the engine was replaced):
+        # find it again.
+        self.tokenize_shape = None
+        count = await self._tokenize_vllm_chat(messages)
+        if count is not None:
+            self.tokenize_shape = "vllm"
+            return count
+        count = await self._tokenize_llamacpp_chat(messages)
+        if count is not None:
+            self.tokenize_shape = "llamacpp"
+        return count
+
+    async def count_text_tokens(self, texts: Sequence[str]) -> list[int] | None:
+        """Raw token counts of each text (no template, no special tokens), a few requests at
+        a time. ``None`` when the engine has no tokenize endpoint."""
+        if not texts:
+            return []
+        if self.tokenize_shape is None:
+            first = await self._detect_text_shape(texts[0])
+            if first is None:
+                return None
+            rest = await self._count_texts(texts[1:])
+            return None if rest is None else [first, *rest]
+        return await self._count_texts(texts)
+
+    async def _detect_text_shape(self, text: str) -> int | None:
+        count = await self._tokenize_vllm_text(text)
+        if count is not None:
+            self.tokenize_shape = "vllm"
+            return count
+        count = await self._tokenize_llamacpp_text(text, add_special=False)
+        if count is not None:
+            self.tokenize_shape = "llamacpp"
+        return count
+
+    async def _count_texts(self, texts: Sequence[str]) -> list[int] | None:
+        gate = asyncio.Semaphore(TOKENIZE_CONCURRENCY)
+
+        async def one(text: str) -> int | None:
+            async with gate:
+                if self.tokenize_shape == "llamacpp":
+                    return await self._tokenize_llamacpp_text(text, add_special=False)
+                return await self._tokenize_vllm_text(text)
+
+        counts = await asyncio.gather(*(one(text) for text in texts))
+        if any(count is None for count in counts):
+            return None
+        return [count for count in counts if count is not None]
+
+    # -- discovery --------------------------------------------------------------------------
+
+    async def discover(self) -> Discovery:
+        """Read the advertised window from ``GET /models`` (vLLM's ``max_model_len``).
+        Never raises: what could not be learnt is said in ``detail``."""
+        try:
+            status, payload = await self._call("GET", f"{self.base_url}/models", None)
+        except EngineCallError as exc:
+            return Discovery(detail=str(exc))
+        if status != 200:
+            return Discovery(detail=f"GET /models answered {status}")
+        data = payload.get("data") if isinstance(payload, dict) else None
+        if not isinstance(data, list):
+            return Discovery(detail="GET /models: no data array")
+        cards = [card for card in data if isinstance(card, dict)]
+        card = next((c for c in cards if c.get("id") == self.model), None)
+        if card is None:
+            if len(cards) != 1:
+                served = ", ".join(str(c.get("id")) for c in cards) or "none"
+                return Discovery(detail=f"model {self.model!r} not listed; served: {served}")
+            card = cards[0]
+        model_id = card.get("id")
+        window = _int(card.get("max_model_len"))
+        return Discovery(
+            context_window=window if window is not None and window > 0 else None,
+            model=model_id if isinstance(model_id, str) else None,
+            detail=None if window is not None else "GET /models reports no max_model_len",
+        )
