@@ -102,7 +102,9 @@ async def plan_prompt(
     for _ in range(max_rounds):
         total = await counter.count_prompt(layout.messages(pieces))
         calls += 1
-        if _acceptable(total, target_tokens, side) and (
+        # An estimate cannot be steered token by token; sizing already left it a margin.
+        fits = _acceptable(total, target_tokens, side) or not counter.exact
+        if fits and (
             best is None or abs(target_tokens - total) < abs(target_tokens - best[0])
         ):
             best = (total, list(pieces))

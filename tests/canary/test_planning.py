@@ -1,0 +1,92 @@
+"""Planning hits exact token counts with few full-prompt counts, and varies per probe."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvwatch.canary import markers
+from kvwatch.canary.model import ProbeKind
+from kvwatch.canary.planning import PlanningError, plan_prompt
+from kvwatch.simulator import tokenizer
+from kvwatch.simulator.model import render_chat
+from tests.helpers.counters import SimCounter
+
+
+async def _plan(kind, target, counter=None, seed=1, depth=0.0):
+    counter = counter or SimCounter()
+    return await plan_prompt(
+        kind,
+        counter=counter,
+        target_tokens=target,
+        marker=markers.new_marker(),
+        max_tokens=32,
+        rng=random.Random(seed),
+        depth=depth,
+    )
+
+
+@pytest.mark.parametrize("target", [4096 - 32, 131_072 - 32])
+async def test_an_exact_counter_gets_an_exact_prompt(target):
+    """Planned equals target and equals the tokenizer's own count of the rendered prompt."""
+    p = await _plan(ProbeKind.UNDER, target)
+    assert p.planned_tokens == target
+    assert tokenizer.count(render_chat(p.messages)) == target
+    assert p.tokenize_calls <= 3
+
+
+async def test_the_marker_sits_at_the_start_by_default_and_the_question_at_the_end():
+    """Layout: instruction with marker first, question last."""
+    p = await _plan(ProbeKind.BASELINE, 1536)
+    text = p.messages[0].content
+    assert text.index(p.marker) < 40
+    assert text.rstrip().endswith("Answer with the code only.")
+
+
+async def test_a_marker_depth_plants_the_marker_inside_the_filler():
+    """Depth 0.5 puts the marker near the middle of the text."""
+    p = await _plan(ProbeKind.UNDER, 8000, depth=0.5)
+    text = p.messages[0].content
+    assert 0.4 < text.index(p.marker) / len(text) < 0.6
+    assert p.marker_depth == 0.5
+
+
+async def test_two_probes_get_different_filler():
+    """Filler differs per probe, so no prefix cache can make a canary cheap and blind."""
+    a = await _plan(ProbeKind.UNDER, 3000, seed=1)
+    b = await _plan(ProbeKind.UNDER, 3000, seed=2)
+    fa = a.messages[0].content.split("\n\n")[1]
+    fb = b.messages[0].content.split("\n\n")[1]
+    assert fa[:200] != fb[:200]
+
+
+async def test_a_target_below_the_fixed_text_is_refused():
+    """A window too small for the canary itself is a planning error, not a silent pass."""
+    with pytest.raises(PlanningError, match="fixed text"):
+        await _plan(ProbeKind.UNDER, 10)
+
+
+async def test_an_estimating_counter_verifies_once_and_keeps_its_tolerance():
+    """An inexact counter is not asked again and again; its plan carries a tolerance."""
+    counter = SimCounter(exact=False)
+    p = await _plan(ProbeKind.UNDER, 20_000, counter=counter)
+    assert p.tokenize_calls == 1
+    assert not p.exact and p.tolerance == 200
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(300, 20_000),
+    st.sampled_from(ProbeKind),
+    st.integers(0, 2**32),
+    st.sampled_from([0.0, 0.25, 0.9]),
+)
+async def test_planning_is_exact_for_any_target_kind_seed_and_depth(target, kind, seed, depth):
+    """Property: with an exact counter every plan lands on its target, marker included."""
+    p = await _plan(kind, target, seed=seed, depth=depth)
+    assert p.planned_tokens == target
+    assert tokenizer.count(render_chat(p.messages)) == target
+    assert markers.contains_marker(p.messages[0].content, p.marker)
