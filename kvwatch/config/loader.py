@@ -54,6 +54,7 @@ def parse_config(
             [f"{source}: must be a mapping of settings at the top level, not {_kind(data)}"]
         )
 
+    data = _string_keys(data)
     expanded, expansion_errors = expand_env(data, os.environ if env is None else env)
     problems: list[tuple[KeyPath, str]] = [(e.path, e.message) for e in expansion_errors]
     unexpanded = [e.path for e in expansion_errors]
@@ -111,11 +112,28 @@ def _load_yaml(text: str, source: str) -> object:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
         problem = exc.problem or exc.context or "invalid YAML"
+        if exc.context and problem.startswith("but "):
+            # e.g. "expected a single document in the stream but found another document"
+            problem = f"{exc.context} {problem}"
         if problem.startswith("duplicate key"):
             raise ConfigError([f"{where}: {problem}"]) from None
         raise ConfigError([f"{where}: cannot parse YAML: {problem}"]) from None
     except yaml.YAMLError as exc:
         raise ConfigError([f"{source}: cannot parse YAML: {exc}"]) from None
+
+
+def _string_keys(node: object) -> object:
+    """``node`` with every mapping key as a string.
+
+    YAML reads ``1:`` or ``yes:`` as an int or a bool; as strings they are reported like any
+    other wrong key (``1: unknown key``), and an integer key is never mistaken for a list
+    index in a key path.
+    """
+    if isinstance(node, dict):
+        return {str(key): _string_keys(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_string_keys(item) for item in node]
+    return node
 
 
 def _kind(value: object) -> str:
