@@ -65,13 +65,13 @@ class AlertPolicy:
 
     def __post_init__(self) -> None:
         if self.fire_after < 1:
-            raise PolicyError(f"{self.alertname}.fire_after: must be a positive integer")
+            raise PolicyError(f"alerts.{self.alertname}.fire_after: must be a positive integer")
         if self.resolve_after < 1:
-            raise PolicyError(f"{self.alertname}.resolve_after: must be a positive integer")
+            raise PolicyError(f"alerts.{self.alertname}.resolve_after: must be a positive integer")
         if self.severity is Severity.NONE:
-            raise PolicyError(f"{self.alertname}.severity: must be critical or warning")
+            raise PolicyError(f"alerts.{self.alertname}.severity: must be critical or warning")
         if self.verdicts & self.recovers_on:
-            raise PolicyError(f"{self.alertname}: a verdict cannot both raise and clear it")
+            raise PolicyError(f"alerts.{self.alertname}: a verdict cannot both raise and clear it")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,7 +89,9 @@ class AlertingPolicy:
                 raise PolicyError(f"alerts.{name}: keyed under another name ({alert.alertname})")
             for verdict in alert.verdicts:
                 if verdict in owner:
-                    raise PolicyError(f"{name}: verdict {verdict} already raises {owner[verdict]}")
+                    raise PolicyError(
+                        f"alerts.{name}: verdict {verdict} already raises {owner[verdict]}"
+                    )
                 owner[verdict] = name
         for label in self.static_labels:
             if label in RESERVED_LABELS:
@@ -140,7 +142,7 @@ def _defaults() -> dict[str, AlertPolicy]:
             critical,
             CROSS_REQUEST_LEAK,
             {Verdict.FOREIGN_MARKER},
-            "{endpoint} answered a {probe} canary with another request's data",
+            "{endpoint} answered the {probe} canary with another request's data",
             # A leaked marker is proof whatever the model's recall ability: always pages.
             suppressed_by_canary=False,
         ),
@@ -148,7 +150,7 @@ def _defaults() -> dict[str, AlertPolicy]:
             critical,
             CONTEXT_NOT_HONORED,
             {Verdict.MARKER_MISSING, Verdict.TRUNCATED},
-            "{endpoint} accepted a {probe} canary but did not attend to all of it",
+            "{endpoint} accepted the {probe} canary but did not attend to all of it",
         ),
         alert(
             critical,
