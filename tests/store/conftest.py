@@ -74,6 +74,12 @@ def outcome(verdict: str = "pass", **overrides: Any) -> ProbeOutcome:
 
 
 @pytest.fixture
+def t0() -> datetime:
+    """The default started_at of factory-built probes."""
+    return T0
+
+
+@pytest.fixture
 def make_outcome() -> Callable[..., ProbeOutcome]:
     """The `outcome` builder, as a fixture so test modules need no imports from here."""
     return outcome

@@ -188,4 +188,4 @@ def test_interrupting_selects_by_replica_or_by_id(
 def test_naive_timestamps_are_refused(store: Store, new_probe: NewProbeFactory) -> None:
     """A naive datetime would be stored in an unknown zone, so the store refuses it."""
     with pytest.raises(StoreError, match="naive datetime"):
-        store.begin_probe(new_probe(started_at=datetime(2026, 3, 1, 12, 0)))  # noqa: DTZ001
+        store.begin_probe(new_probe(started_at=datetime(2026, 3, 1, 12, 0)))

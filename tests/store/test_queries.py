@@ -1,0 +1,115 @@
+"""Reading history back: filters, cursor pagination, the latest result per endpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import select
+
+from kvwatch.store import NewProbe, ProbeOutcome, Store
+from kvwatch.store.models import Endpoint
+
+NewProbeFactory = Callable[..., NewProbe]
+OutcomeFactory = Callable[..., ProbeOutcome]
+
+
+def test_probes_are_listed_newest_first_and_filtered(
+    store: Store, new_probe: NewProbeFactory, make_outcome: OutcomeFactory, t0: datetime
+) -> None:
+    """list_probes filters by endpoint, kind, verdict, state and a started_at window."""
+    ids: dict[str, int] = {}
+    plan = [
+        ("a-under-pass", "a", "under", "pass", 0),
+        ("a-over-accepted", "a", "over", "over_accepted", 1),
+        ("b-under-missing", "b", "under", "marker_missing", 2),
+        ("b-under-running", "b", "under", None, 3),
+    ]
+    for key, endpoint, kind, verdict, minute in plan:
+        started = t0 + timedelta(minutes=minute)
+        ids[key] = store.begin_probe(new_probe(endpoint=endpoint, kind=kind, started_at=started))
+        if verdict is not None:
+            store.finish_probe(ids[key], make_outcome(verdict))
+
+    def listed(**filters: object) -> list[int]:
+        return [row.id for row in store.list_probes(**filters)]  # type: ignore[arg-type]
+
+    assert listed() == [ids[k] for k in reversed(list(ids))]
+    assert listed(endpoint="a") == [ids["a-over-accepted"], ids["a-under-pass"]]
+    assert listed(kind="under", endpoint="b") == [ids["b-under-running"], ids["b-under-missing"]]
+    assert listed(verdict="marker_missing") == [ids["b-under-missing"]]
+    assert listed(state="running") == [ids["b-under-running"]]
+    window = {"since": t0 + timedelta(minutes=1), "until": t0 + timedelta(minutes=3)}
+    assert listed(**window) == [ids["b-under-missing"], ids["a-over-accepted"]]
+    assert listed(endpoint="nobody") == []
+
+
+def test_cursor_pagination_walks_every_probe_once(store: Store, new_probe: NewProbeFactory) -> None:
+    """Pages of `limit` rows, continued with before_id, cover all rows without overlap."""
+    created = [store.begin_probe(new_probe()) for _ in range(7)]
+    seen: list[int] = []
+    before: int | None = None
+    pages = 0
+    while True:
+        page = store.list_probes(limit=3, before_id=before)
+        if not page:
+            break
+        pages += 1
+        seen.extend(row.id for row in page)
+        before = page[-1].id
+    assert seen == sorted(created, reverse=True)
+    assert pages == 3
+
+
+def test_a_limit_below_one_is_refused(store: Store) -> None:
+    """A zero or negative page size is a caller bug, not an empty page."""
+    with pytest.raises(ValueError, match="limit must be at least 1"):
+        store.list_probes(limit=0)
+
+
+def test_latest_per_endpoint_gives_the_newest_finished_probe_per_kind(
+    store: Store, new_probe: NewProbeFactory, make_outcome: OutcomeFactory
+) -> None:
+    """Running and interrupted probes do not replace the latest finished result."""
+    old = store.begin_probe(new_probe(endpoint="a", kind="under"))
+    store.finish_probe(old, make_outcome("marker_missing"))
+    new = store.begin_probe(new_probe(endpoint="a", kind="under"))
+    store.finish_probe(new, make_outcome("pass"))
+    over = store.begin_probe(new_probe(endpoint="a", kind="over"))
+    store.finish_probe(over, make_outcome("pass"))
+    b_done = store.begin_probe(new_probe(endpoint="b", kind="under"))
+    store.finish_probe(b_done, make_outcome("truncated"))
+    store.begin_probe(new_probe(endpoint="a", kind="under"))  # still running
+    interrupted = store.begin_probe(new_probe(endpoint="b", kind="under"))
+    store.interrupt_running(probe_ids=[interrupted], reason="shutdown")
+    store.begin_probe(new_probe(endpoint="c", kind="baseline"))  # never finished
+
+    latest = store.latest_per_endpoint()
+    assert {key: row.id for key, row in latest.items()} == {
+        ("a", "under"): new,
+        ("a", "over"): over,
+        ("b", "under"): b_done,
+    }
+    assert latest[("b", "under")].verdict == "truncated"
+
+
+def test_upserting_an_endpoint_keeps_its_id_and_refreshes_its_fields(
+    store: Store, t0: datetime
+) -> None:
+    """The same name maps to the same id across restarts; changed config is written."""
+    later = t0 + timedelta(days=1)
+    first = Store(store.engine, now=lambda: t0).upsert_endpoint(
+        "glm", "http://a/v1", "openai", "m1", None, None, {}
+    )
+    second = Store(store.engine, now=lambda: later).upsert_endpoint(
+        "glm", "http://b/v1", "vllm", "m2", 4096, 8192, {"t": "x"}
+    )
+    other = store.upsert_endpoint("other", "http://c/v1", "openai", "m1", None, None, {})
+    assert first == second
+    assert other != first
+    with store.engine.connect() as connection:
+        row = connection.execute(select(Endpoint).where(Endpoint.id == first)).one()
+    assert (row.url, row.flavour, row.model) == ("http://b/v1", "vllm", "m2")
+    assert (row.context_window, row.kv_pool_tokens, row.labels) == (4096, 8192, {"t": "x"})
+    assert (row.created_at, row.updated_at) == (t0, later)
