@@ -1,0 +1,1 @@
+"""kvwatch benchmarks: `python -m bench NAME` (or `make bench` for all of them)."""
