@@ -318,23 +318,23 @@ class Store:
             conditions.append(
                 or_(Probe.verdict.is_(None), Probe.verdict.not_in([str(v) for v in keep_verdicts]))
             )
+        oldest_first = select(Probe.id).where(*conditions).order_by(Probe.id).limit(batch)
+        # One DELETE per batch with the selection as a subquery: selection and deletion cannot
+        # disagree, and the write lock is held for one short statement while probes keep
+        # being written. Markers go by their ON DELETE CASCADE; references from kept rows (a
+        # confirmation, an alert state) are set to NULL by theirs.
+        batch_delete = (
+            delete(Probe)
+            .where(Probe.id.in_(oldest_first.scalar_subquery()))
+            .execution_options(synchronize_session=False)
+        )
         total = 0
         with self._errors("could not prune probes"):
             while True:
                 with self._sessions.begin() as s:
-                    ids = list(
-                        s.scalars(
-                            select(Probe.id).where(*conditions).order_by(Probe.id).limit(batch)
-                        )
-                    )
-                    if not ids:
-                        return total
-                    s.execute(delete(Marker).where(Marker.probe_id.in_(ids)))
-                    # References from kept rows (confirmations, alert states) are set to NULL
-                    # by their ON DELETE SET NULL foreign keys.
-                    s.execute(delete(Probe).where(Probe.id.in_(ids)))
-                total += len(ids)
-                if len(ids) < batch:
+                    deleted = int(s.execute(batch_delete).rowcount)  # type: ignore[attr-defined]
+                total += deleted
+                if deleted < batch:
                     return total
 
     # -- helpers --------------------------------------------------------------------------

@@ -5,9 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Connection, create_engine, text
 
 from kvwatch.store import Store, StoreError, create_engine_for
+
+
+def _pragma(connection: Connection, name: str) -> object:
+    return connection.exec_driver_sql(f"PRAGMA {name}").scalar()
 
 
 def test_each_backend_is_configured_for_a_long_running_daemon(db_url: str) -> None:
@@ -19,11 +23,10 @@ def test_each_backend_is_configured_for_a_long_running_daemon(db_url: str) -> No
             # Two connections at once: pragmas must hold on each, not just the first.
             with engine.connect() as one, engine.connect() as two:
                 for connection in (one, two):
-                    pragma = lambda name: connection.exec_driver_sql(f"PRAGMA {name}").scalar()  # noqa: E731, B023
-                    assert pragma("journal_mode") == "wal"
-                    assert pragma("busy_timeout") == 5000
-                    assert pragma("foreign_keys") == 1
-                    assert pragma("synchronous") == 1  # NORMAL
+                    assert _pragma(connection, "journal_mode") == "wal"
+                    assert _pragma(connection, "busy_timeout") == 5000
+                    assert _pragma(connection, "foreign_keys") == 1
+                    assert _pragma(connection, "synchronous") == 1  # NORMAL
         else:
             assert engine.dialect.name == "postgresql"
             with engine.connect() as connection:
