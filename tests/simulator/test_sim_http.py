@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -142,8 +143,8 @@ async def test_stale_kv_leaks_a_marker_from_an_earlier_request_on_the_same_endpo
     start: Start,
 ) -> None:
     """Over the pool: 200, prompt_tokens 1, and the answer is this endpoint's earlier marker."""
-    stale = {"window": 8192, "kv_pool": 6144, "fault": FaultMode.STALE_KV}
-    _, client = await start([SimEndpoint("a", **stale), SimEndpoint("b", **stale)])
+    stale = SimEndpoint("a", window=8192, kv_pool=6144, fault=FaultMode.STALE_KV)
+    _, client = await start([stale, dataclasses.replace(stale, name="b")])
     planted_a, planted_b, mine = new_marker(), new_marker(), new_marker()
     await client.post(chat_url("b"), json=chat_body(1500, planted_b))
     await client.post(chat_url("a"), json=chat_body(1500, planted_a))

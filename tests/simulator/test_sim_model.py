@@ -239,7 +239,7 @@ def test_decide_does_not_touch_the_pool_and_handle_records_only_served_prefill()
 
 def test_an_endpoint_spec_validates_its_fields_and_coerces_strings() -> None:
     """Names must be URL-safe and not reserved; sizes positive; fault strings become enums."""
-    assert endpoint(fault="stale_kv").fault is FaultMode.STALE_KV  # type: ignore[arg-type]
+    assert endpoint(fault="stale_kv").fault is FaultMode.STALE_KV
     assert endpoint(window=4096).pool_tokens == 4096
     for bad in ({"window": 0}, {"kv_pool": -1}, {"report_usage": "both"}, {"ttfb_delay": -1}):
         with pytest.raises(ValueError):
