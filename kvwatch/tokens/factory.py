@@ -1,0 +1,25 @@
+"""Build the token counter an endpoint's ``tokenizer`` setting names."""
+
+from __future__ import annotations
+
+from kvwatch.engines.base import Engine
+from kvwatch.tokens.base import TokenCounter
+from kvwatch.tokens.local import HFTokenizerCounter, TiktokenCounter
+from kvwatch.tokens.server import ServerTokenCounter
+from kvwatch.tokens.usage import UsageCalibratedCounter
+
+SPEC_HELP = "server | usage | tiktoken:<encoding> | hf:<tokenizer.json>"
+
+
+def build_counter(tokenizer_spec: str, engine: Engine) -> TokenCounter:
+    if tokenizer_spec == "server":
+        return ServerTokenCounter(engine)
+    if tokenizer_spec == "usage":
+        return UsageCalibratedCounter()
+    kind, sep, arg = tokenizer_spec.partition(":")
+    if sep and arg:
+        if kind == "tiktoken":
+            return TiktokenCounter(arg)
+        if kind == "hf":
+            return HFTokenizerCounter(arg)
+    raise ValueError(f"unknown tokenizer {tokenizer_spec!r}: expected {SPEC_HELP}")
