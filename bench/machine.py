@@ -16,4 +16,6 @@ def describe() -> str:
                     break
     except OSError:
         pass
-    return f"{os.cpu_count()} cores ({model}), Python {platform.python_version()}, {platform.system()}"
+    return (
+        f"{os.cpu_count()} cores ({model}), Python {platform.python_version()}, {platform.system()}"
+    )

@@ -126,7 +126,7 @@ async def run() -> None:
                     assert plan.planned_tokens == target, (plan.planned_tokens, target)
                     counter.calls = 0
                     t0 = time.perf_counter()
-                    n, _ = await naive_plan(
+                    await naive_plan(
                         counter, target, markers.new_marker(), at_least=kind is ProbeKind.OVER
                     )
                     naive_t.append(time.perf_counter() - t0)

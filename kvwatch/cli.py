@@ -52,7 +52,9 @@ def main() -> None:
 
 @main.command()
 @config_option
-@click.option("--grace", default=30.0, show_default=True, help="Seconds in-flight probes get on SIGTERM.")
+@click.option(
+    "--grace", default=30.0, show_default=True, help="Seconds in-flight probes get on SIGTERM."
+)
 def run(config_path: Path | None, grace: float) -> None:
     """Run the monitoring daemon (demo mode with simulated endpoints when no config exists)."""
     from kvwatch.daemon import Daemon
@@ -172,7 +174,17 @@ def report_json(r: ProbeReport) -> dict[str, Any]:
 
 
 def format_table(reports: list[ProbeReport]) -> str:
-    header = ("ID", "ENDPOINT", "KIND", "VERDICT", "STATUS", "PLANNED", "REPORTED", "MARKER", "REASON")
+    header = (
+        "ID",
+        "ENDPOINT",
+        "KIND",
+        "VERDICT",
+        "STATUS",
+        "PLANNED",
+        "REPORTED",
+        "MARKER",
+        "REASON",
+    )
     rows = [header] + [
         (
             str(r.probe_id),
@@ -192,6 +204,88 @@ def format_table(reports: list[ProbeReport]) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
         for row in rows
     )
+
+
+@main.command()
+@config_option
+@click.option("--endpoint", default=None, help="Only this endpoint.")
+@click.option("--kind", default=None, help="Only this probe kind.")
+@click.option("--verdict", default=None, help="Only this verdict.")
+@click.option("--since", default=None, help="Only probes started within this duration (e.g. 24h).")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
+@click.option(
+    "--output", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True
+)
+def results(
+    config_path: Path | None,
+    endpoint: str | None,
+    kind: str | None,
+    verdict: str | None,
+    since: str | None,
+    limit: int,
+    output: str,
+) -> None:
+    """Stored probe results, newest first."""
+    from datetime import UTC, datetime, timedelta
+
+    from kvwatch.config import DurationError, parse_duration
+    from kvwatch.store.engine import create_engine_for
+    from kvwatch.store.repository import Store
+
+    if verdict is not None and verdict not in {v.value for v in Verdict}:
+        raise click.BadParameter(
+            f"unknown verdict {verdict!r}; one of: {', '.join(v.value for v in Verdict)}",
+            param_hint="--verdict",
+        )
+    start = None
+    if since is not None:
+        try:
+            start = datetime.now(UTC) - timedelta(seconds=parse_duration(since))
+        except DurationError as exc:
+            raise click.BadParameter(str(exc), param_hint="--since") from None
+    config = _load(config_path)
+    engine = create_engine_for(config.database)
+    try:
+        rows = Store(engine).list_probes(
+            endpoint=endpoint, kind=kind, verdict=verdict, since=start, limit=limit
+        )
+    finally:
+        engine.dispose()
+    fields = (
+        "id",
+        "started_at",
+        "endpoint",
+        "kind",
+        "state",
+        "verdict",
+        "http_status",
+        "planned_prompt_tokens",
+        "reported_prompt_tokens",
+        "marker_found",
+        "duration_seconds",
+        "replica",
+        "reason",
+    )
+    records = [
+        {f: (v.isoformat() if isinstance(v := getattr(r, f), datetime) else v) for f in fields}
+        for r in rows
+    ]
+    if output == "json":
+        for record in records:
+            click.echo(json.dumps(record))
+    elif output == "csv":
+        import csv
+
+        writer = csv.DictWriter(sys.stdout, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(records)
+    else:
+        table = [fields] + [
+            tuple("-" if r[f] is None else str(r[f]) for f in fields) for r in records
+        ]
+        widths = [max(len(row[i]) for row in table) for i in range(len(fields))]
+        for row in table:
+            click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
 @main.group()

@@ -161,9 +161,7 @@ class Daemon:
                 recovered_interrupted=recovered,
             )
             stop_task = asyncio.create_task(self.stop.wait(), name="stop")
-            done, _ = await asyncio.wait(
-                {web_task, stop_task}, return_when=asyncio.FIRST_COMPLETED
-            )
+            done, _ = await asyncio.wait({web_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
             if web_task in done and web_task.exception() is not None:
                 log.error("web_server_failed", error=str(web_task.exception()))
             log.info("stopping", grace_seconds=self.grace_seconds)

@@ -13,9 +13,9 @@ import random
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 import structlog
 
@@ -109,9 +109,7 @@ class ProbeRunner:
         first = await self.run(target, kind, progress=progress)
         reports = [first]
         if target.spec.confirm and SEVERITY[first.verdict] is Severity.CRITICAL:
-            reports.append(
-                await self.run(target, kind, confirms=first.probe_id, progress=progress)
-            )
+            reports.append(await self.run(target, kind, confirms=first.probe_id, progress=progress))
         return reports
 
     async def run(

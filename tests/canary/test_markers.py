@@ -13,7 +13,9 @@ from kvwatch.canary import markers
 def test_a_new_marker_has_the_fixed_shape_and_sixty_bits():
     """Markers are KVW- plus 12 Crockford symbols (60 bits ≥ the 48 DESIGN asks for)."""
     marker = markers.new_marker()
-    assert re.fullmatch(r"KVW-[0-9A-HJKMNP-TV-Z]{4}-[0-9A-HJKMNP-TV-Z]{4}-[0-9A-HJKMNP-TV-Z]{4}", marker)
+    assert re.fullmatch(
+        r"KVW-[0-9A-HJKMNP-TV-Z]{4}-[0-9A-HJKMNP-TV-Z]{4}-[0-9A-HJKMNP-TV-Z]{4}", marker
+    )
     assert markers.BITS >= 48
 
 

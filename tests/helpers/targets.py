@@ -16,9 +16,7 @@ from kvwatch.runner import ProbeRunner, Target
 from kvwatch.store.repository import Store
 
 
-def config_for(
-    endpoints: Sequence[Mapping[str, Any]], *, database: str, **top: Any
-) -> Config:
+def config_for(endpoints: Sequence[Mapping[str, Any]], *, database: str, **top: Any) -> Config:
     """A real, validated config for the given endpoint entries."""
     doc: dict[str, Any] = {"database": database, "endpoints": list(endpoints), **top}
     return parse_config(yaml.safe_dump(doc), source="<test>")

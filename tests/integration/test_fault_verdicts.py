@@ -17,7 +17,7 @@ from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.repository import Store
 from tests.helpers.targets import config_for, sim_endpoint_entry, targets_and_runner
 
-U, O, B = ProbeKind.UNDER, ProbeKind.OVER, ProbeKind.BASELINE
+UNDER, OVER, BASE = ProbeKind.UNDER, ProbeKind.OVER, ProbeKind.BASELINE
 
 FLEET = [
     SimEndpoint("healthy", window=4096),
@@ -49,28 +49,28 @@ async def rig(store: Store) -> AsyncIterator[tuple]:
             if entry["name"] == "llama":
                 entry["flavour"] = "llamacpp"
         config = config_for(entries, database="sqlite://", defaults={"confirm": False})
-        targets, runner, metrics = targets_and_runner(config, store, client)
+        targets, runner, _metrics = targets_and_runner(config, store, client)
         yield sim, targets, runner, store
 
 
 CASES = [
-    ("healthy", U, Verdict.PASS),
-    ("healthy", O, Verdict.PASS),
-    ("healthy", B, Verdict.PASS),
-    ("llama", U, Verdict.PASS),
-    ("llama", O, Verdict.PASS),
-    ("head", U, Verdict.TRUNCATED),
-    ("head-lying", U, Verdict.MARKER_MISSING),
-    ("tail", U, Verdict.TRUNCATED),
-    ("over-ok", O, Verdict.OVER_ACCEPTED),
-    ("frame", U, Verdict.STREAM_ERROR),
-    ("status", O, Verdict.WRONG_REJECTION),
-    ("not-served", U, Verdict.UNDER_REJECTED),
-    ("weak", B, Verdict.CANARY_INEFFECTIVE),
-    ("weak", U, Verdict.MARKER_MISSING),
-    ("busy", U, Verdict.THROTTLED),
-    ("broken", U, Verdict.ERROR),
-    ("locked", B, Verdict.AUTH_ERROR),
+    ("healthy", UNDER, Verdict.PASS),
+    ("healthy", OVER, Verdict.PASS),
+    ("healthy", BASE, Verdict.PASS),
+    ("llama", UNDER, Verdict.PASS),
+    ("llama", OVER, Verdict.PASS),
+    ("head", UNDER, Verdict.TRUNCATED),
+    ("head-lying", UNDER, Verdict.MARKER_MISSING),
+    ("tail", UNDER, Verdict.TRUNCATED),
+    ("over-ok", OVER, Verdict.OVER_ACCEPTED),
+    ("frame", UNDER, Verdict.STREAM_ERROR),
+    ("status", OVER, Verdict.WRONG_REJECTION),
+    ("not-served", UNDER, Verdict.UNDER_REJECTED),
+    ("weak", BASE, Verdict.CANARY_INEFFECTIVE),
+    ("weak", UNDER, Verdict.MARKER_MISSING),
+    ("busy", UNDER, Verdict.THROTTLED),
+    ("broken", UNDER, Verdict.ERROR),
+    ("locked", BASE, Verdict.AUTH_ERROR),
 ]
 
 
@@ -89,9 +89,9 @@ async def test_each_fault_mode_yields_its_verdict(rig, endpoint, kind, verdict):
 async def test_stale_kv_leaks_an_earlier_probes_marker_and_names_it(rig):
     """The incident: the under probe's answer carries the baseline's marker, caught as a leak."""
     _sim, targets, runner, store = rig
-    baseline = await runner.run(targets["stale"], B)
+    baseline = await runner.run(targets["stale"], BASE)
     assert baseline.verdict is Verdict.PASS
-    under = await runner.run(targets["stale"], U)
+    under = await runner.run(targets["stale"], UNDER)
     assert under.verdict is Verdict.FOREIGN_MARKER
     assert [f.probe_id for f in under.foreign] == [baseline.probe_id]
     assert under.reported_prompt_tokens == 1
@@ -102,7 +102,7 @@ async def test_stale_kv_leaks_an_earlier_probes_marker_and_names_it(rig):
 async def test_stale_kv_with_nothing_to_leak_is_still_caught_as_truncation(rig):
     """A fresh engine has no stale pages: the one-token placeholder shows as truncated."""
     _sim, targets, runner, _store = rig
-    report = await runner.run(targets["stale"], U)
+    report = await runner.run(targets["stale"], UNDER)
     assert report.verdict is Verdict.TRUNCATED
     assert report.reported_prompt_tokens == 1
 
@@ -111,10 +111,12 @@ async def test_a_critical_verdict_is_confirmed_by_a_second_stored_probe(rig):
     """run_checked re-checks a critical failure at once; both probes are stored and linked."""
     _sim, targets, runner, store = rig
     target = targets["over-ok"]
-    target.spec = type(target.spec)(**{**target.spec.__dict__, "confirm": True}) if hasattr(
-        target.spec, "__dict__"
-    ) else target.spec
-    reports = await runner.run_checked(target, O)
+    target.spec = (
+        type(target.spec)(**{**target.spec.__dict__, "confirm": True})
+        if hasattr(target.spec, "__dict__")
+        else target.spec
+    )
+    reports = await runner.run_checked(target, OVER)
     if not target.spec.confirm:
         pytest.skip("EndpointSpec is slotted; covered by the daemon tests")
     assert [r.verdict for r in reports] == [Verdict.OVER_ACCEPTED, Verdict.OVER_ACCEPTED]
@@ -126,15 +128,16 @@ async def test_a_critical_verdict_is_confirmed_by_a_second_stored_probe(rig):
 @pytest.mark.parametrize("window", [4096, 131_072])
 async def test_planned_and_reported_prompt_tokens_differ_by_zero(store, window):
     """With a tokenize endpoint, the plan is exact: usage equals plan for under and baseline."""
-    async with run_simulator([SimEndpoint("exact", window=window)]) as sim, httpx.AsyncClient(
-        timeout=None
-    ) as client:
+    async with (
+        run_simulator([SimEndpoint("exact", window=window)]) as sim,
+        httpx.AsyncClient(timeout=None) as client,
+    ):
         config = config_for([sim_endpoint_entry(sim, "exact")], database="sqlite://")
         targets, runner, _ = targets_and_runner(config, store, client)
-        for kind in (U, B):
+        for kind in (UNDER, BASE):
             report = await runner.run(targets["exact"], kind)
             assert report.verdict is Verdict.PASS, report.reason
             assert report.reported_prompt_tokens == report.planned_prompt_tokens
-        over = await runner.run(targets["exact"], O)
+        over = await runner.run(targets["exact"], OVER)
         assert over.verdict is Verdict.PASS
         assert over.planned_prompt_tokens == window - 32 + 1

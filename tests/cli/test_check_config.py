@@ -1,0 +1,66 @@
+"""`kvwatch check-config` and `kvwatch run` refuse bad configs with exact messages."""
+
+from __future__ import annotations
+
+import subprocess
+
+from tests.helpers.processes import kvwatch_cmd
+
+GATED = """
+endpoints:
+  - name: glm-prod
+    url: http://127.0.0.1:9/v1
+    model: glm-5.3
+    context_window: 1048576
+    kv_pool_tokens: 681280
+"""
+
+
+def run(*args: str, cwd) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(kvwatch_cmd(*args), capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def test_check_config_refuses_a_window_larger_than_the_kv_pool(tmp_path):
+    """The capacity gate: exit 1 with the endpoint's numbers and name on the line."""
+    (tmp_path / "kvwatch.yaml").write_text(GATED)
+    result = run("check-config", cwd=tmp_path)
+    assert result.returncode == 1
+    assert (
+        "glm-prod: context_length 1048576 exceeds KV pool 681280 tokens; refusing to start"
+        in result.stderr.splitlines()
+    )
+
+
+def test_run_refuses_to_start_on_the_capacity_gate(tmp_path):
+    """`kvwatch run` applies the same gate before it serves anything."""
+    (tmp_path / "kvwatch.yaml").write_text(GATED)
+    result = run("run", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith(
+        "glm-prod: context_length 1048576 exceeds KV pool 681280 tokens; refusing to start"
+    )
+    assert not (tmp_path / "kvwatch.db").exists()
+
+
+def test_check_config_accepts_a_good_config(tmp_path):
+    """A valid config exits 0 and says how many endpoints it holds."""
+    (tmp_path / "kvwatch.yaml").write_text(GATED.replace("681280", "1048576"))
+    result = run("check-config", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "SUCCESS: 1 endpoints" in result.stdout
+
+
+def test_check_config_names_the_key_path_of_every_error(tmp_path):
+    """Errors are `<key path>: <sentence>` lines on stderr, exit 1."""
+    (tmp_path / "bad.yaml").write_text(GATED.replace("1048576", "-3").replace("model:", "modle:"))
+    result = run("check-config", "--config", "bad.yaml", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "endpoints[0].context_window: must be a positive integer" in result.stderr
+    assert "endpoints[0].modle: unknown key" in result.stderr
+
+
+def test_a_missing_config_file_is_a_clear_error(tmp_path):
+    """--config naming a missing file says so."""
+    result = run("check-config", "--config", "nope.yaml", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "nope.yaml" in result.stderr

@@ -1,0 +1,107 @@
+"""The daemon as users run it: a real `kvwatch run` process, killed and restarted."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvwatch.canary.model import ProbeState
+from kvwatch.store.engine import create_engine_for
+from kvwatch.store.repository import Store
+from tests.helpers.processes import free_port, simulator_process, start_kvwatch, stop, wait_for
+
+
+def write_config(path: Path, db_url: str, sim: str, *, grace_probe: str = "baseline") -> Path:
+    doc = {
+        "database": db_url,
+        "listen": f"127.0.0.1:{free_port()}",
+        "replica": "lifecycle-test",
+        "endpoints": [
+            {
+                "name": "slow",
+                "url": f"{sim}/slow/v1",
+                "model": "sim-1",
+                "context_window": 4096,
+                "probes": [grace_probe],
+                "interval": "1h",
+                "jitter": "0s",
+                "confirm": False,
+            }
+        ],
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture
+def observed(db_url: str):
+    engine = create_engine_for(db_url)
+    yield Store(engine)
+    engine.dispose()
+
+
+def test_sigkill_mid_probe_leaves_an_interrupted_row_and_the_next_start_carries_on(
+    tmp_path, db_url, observed
+):
+    """A killed daemon's running row is marked interrupted on restart, and probing resumes."""
+    log = tmp_path / "run.log"
+    with simulator_process("name=slow,window=4096,ttfb_delay=4", log=tmp_path / "sim.log") as sim:
+        config = write_config(tmp_path / "kvwatch.yaml", db_url, sim)
+        proc = start_kvwatch("run", "--config", str(config), log=log)
+        running = wait_for(
+            "a running probe row",
+            lambda: observed.list_probes(state=ProbeState.RUNNING),
+            timeout=60,
+        )
+        stop(proc, signal.SIGKILL)
+        killed_id = running[0].id
+        row = observed.get_probe(killed_id)
+        assert row is not None and row.state is ProbeState.RUNNING, log.read_text()
+
+        proc = start_kvwatch("run", "--config", str(config), log=log)
+        try:
+            wait_for(
+                "the killed row to be marked interrupted",
+                lambda: observed.get_probe(killed_id).state is ProbeState.INTERRUPTED,  # type: ignore[union-attr]
+                timeout=60,
+            )
+            done = wait_for(
+                "a new completed probe",
+                lambda: observed.list_probes(state=ProbeState.DONE),
+                timeout=60,
+            )
+            assert done[0].id > killed_id
+            assert done[0].verdict == "pass"
+        finally:
+            assert stop(proc) == 0, log.read_text()
+
+
+def test_sigterm_lets_an_in_flight_probe_finish(tmp_path, db_url, observed):
+    """Graceful shutdown: a probe in flight completes and is stored before the exit."""
+    log = tmp_path / "run.log"
+    with simulator_process("name=slow,window=4096,ttfb_delay=3", log=tmp_path / "sim.log") as sim:
+        config = write_config(tmp_path / "kvwatch.yaml", db_url, sim)
+        proc = start_kvwatch("run", "--config", str(config), "--grace", "20", log=log)
+        running = wait_for(
+            "a running probe", lambda: observed.list_probes(state=ProbeState.RUNNING), timeout=60
+        )
+        assert stop(proc) == 0, log.read_text()
+        row = observed.get_probe(running[0].id)
+        assert row is not None and row.state is ProbeState.DONE and row.verdict == "pass"
+
+
+def test_sigterm_past_the_grace_period_marks_the_probe_interrupted(tmp_path, db_url, observed):
+    """A probe that outlives the grace period is stored as interrupted, not lost."""
+    log = tmp_path / "run.log"
+    with simulator_process("name=slow,window=4096,ttfb_delay=30", log=tmp_path / "sim.log") as sim:
+        config = write_config(tmp_path / "kvwatch.yaml", db_url, sim)
+        proc = start_kvwatch("run", "--config", str(config), "--grace", "1", log=log)
+        running = wait_for(
+            "a running probe", lambda: observed.list_probes(state=ProbeState.RUNNING), timeout=60
+        )
+        assert stop(proc) == 0, log.read_text()
+        row = observed.get_probe(running[0].id)
+        assert row is not None and row.state is ProbeState.INTERRUPTED
