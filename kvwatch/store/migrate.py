@@ -20,9 +20,13 @@ from kvwatch.store.errors import StoreError
 _ADVISORY_LOCK_KEY = 0x6B76776D
 
 
-def script_location() -> Path:
-    """The migration scripts: packaged in the wheel, or ``migrations/`` of a source checkout."""
-    package_dir = Path(kvwatch.__file__).resolve().parent
+def script_location(package_dir: Path | None = None) -> Path:
+    """The migration scripts: packaged in the wheel, or ``migrations/`` of a source checkout.
+
+    The wheel force-includes the repository's ``migrations/`` as ``kvwatch/_migrations``.
+    """
+    if package_dir is None:
+        package_dir = Path(kvwatch.__file__).resolve().parent
     for candidate in (package_dir / "_migrations", package_dir.parent / "migrations"):
         if (candidate / "env.py").is_file():
             return candidate

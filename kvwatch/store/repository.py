@@ -44,6 +44,7 @@ class Store:
         self._engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._now = now
+        self._head: str | None = None  # read from the scripts once; /readyz asks often
 
     @property
     def engine(self) -> Engine:
@@ -63,7 +64,9 @@ class Store:
             current = current_revision(self._engine)
         except StoreError as exc:
             return False, str(exc)
-        head = head_revision()
+        if self._head is None:
+            self._head = head_revision()
+        head = self._head
         if current == head:
             return True, f"database reachable, schema at {head}"
         shown = current if current is not None else "none"

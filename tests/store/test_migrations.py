@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, inspect
 
-from kvwatch.store import Store, create_engine_for
+from kvwatch.store import Store, StoreError, create_engine_for
 from kvwatch.store.migrate import (
     current_revision,
     downgrade_engine,
     head_revision,
     is_at_head,
+    script_location,
     upgrade,
     upgrade_engine,
 )
@@ -82,3 +86,21 @@ def test_readiness_requires_the_schema_at_head(db_url: str) -> None:
         assert store.readiness() == (True, f"database reachable, schema at {head_revision()}")
     finally:
         engine.dispose()
+
+
+def test_migration_scripts_are_found_in_a_wheel_and_in_a_checkout(tmp_path: Path) -> None:
+    """An installed kvwatch uses kvwatch/_migrations; a source checkout uses ./migrations."""
+    checkout = tmp_path / "checkout"
+    (checkout / "kvwatch").mkdir(parents=True)
+    (checkout / "migrations").mkdir()
+    (checkout / "migrations" / "env.py").touch()
+    assert script_location(checkout / "kvwatch") == checkout / "migrations"
+
+    installed = tmp_path / "site-packages" / "kvwatch"
+    (installed / "_migrations").mkdir(parents=True)
+    (installed / "_migrations" / "env.py").touch()
+    assert script_location(installed) == installed / "_migrations"
+
+    with pytest.raises(StoreError, match="migration scripts not found"):
+        script_location(tmp_path / "elsewhere" / "kvwatch")
+    assert (script_location() / "versions" / "0001_initial_schema.py").is_file()
