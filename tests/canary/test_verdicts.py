@@ -56,76 +56,76 @@ def rejected(status: int, rejection: Rejection = Rejection.CONTEXT_LENGTH) -> Ex
     return Exchange(status=status, rejection=rejection, error_body='{"error": "…"}')
 
 
-UNDER, OVER, BASE = ProbeKind.UNDER, ProbeKind.OVER, ProbeKind.BASELINE
+UN, OV, BL = ProbeKind.UNDER, ProbeKind.OVER, ProbeKind.BASELINE
 
 CASES = [
     # (name, kind, exchange, foreign, verdict)
-    ("under passes with marker and exact usage", UNDER, ok(), (), Verdict.PASS),
-    ("baseline passes with marker", BASE, ok(), (), Verdict.PASS),
-    ("over passes on a 400 context-length error", OVER, rejected(400), (), Verdict.PASS),
-    ("over passes on a 413 context-length error", OVER, rejected(413), (), Verdict.PASS),
-    ("over passes on TGI's 422", OVER, rejected(422), (), Verdict.PASS),
+    ("under passes with marker and exact usage", UN, ok(), (), Verdict.PASS),
+    ("baseline passes with marker", BL, ok(), (), Verdict.PASS),
+    ("over passes on a 400 context-length error", OV, rejected(400), (), Verdict.PASS),
+    ("over passes on a 413 context-length error", OV, rejected(413), (), Verdict.PASS),
+    ("over passes on TGI's 422", OV, rejected(422), (), Verdict.PASS),
     (
         "under 200 without marker",
-        UNDER,
+        UN,
         ok(answer="I could not find a code."),
         (),
         Verdict.MARKER_MISSING,
     ),
     (
         "leak on under",
-        UNDER,
+        UN,
         ok(answer="KVW-2222-3333-4444-5555"),
         (OTHER,),
         Verdict.FOREIGN_MARKER,
     ),
-    ("leak on baseline", BASE, ok(answer="x"), (OTHER,), Verdict.FOREIGN_MARKER),
-    ("leak beats a missing usage", UNDER, ok(prompt_tokens=None), (OTHER,), Verdict.FOREIGN_MARKER),
-    ("over accepted", OVER, ok(), (), Verdict.OVER_ACCEPTED),
-    ("under truncated (fewer tokens reported)", UNDER, ok(prompt_tokens=1), (), Verdict.TRUNCATED),
-    ("truncated even with the marker kept", UNDER, ok(prompt_tokens=2048), (), Verdict.TRUNCATED),
-    ("collapsed template on baseline", BASE, ok(prompt_tokens=3), (), Verdict.TRUNCATED),
-    ("under rejected as too long", UNDER, rejected(400), (), Verdict.UNDER_REJECTED),
-    ("over rejected with 500", OVER, rejected(500, Rejection.OTHER), (), Verdict.WRONG_REJECTION),
+    ("leak on baseline", BL, ok(answer="x"), (OTHER,), Verdict.FOREIGN_MARKER),
+    ("leak beats a missing usage", UN, ok(prompt_tokens=None), (OTHER,), Verdict.FOREIGN_MARKER),
+    ("over accepted", OV, ok(), (), Verdict.OVER_ACCEPTED),
+    ("under truncated (fewer tokens reported)", UN, ok(prompt_tokens=1), (), Verdict.TRUNCATED),
+    ("truncated even with the marker kept", UN, ok(prompt_tokens=2048), (), Verdict.TRUNCATED),
+    ("collapsed template on baseline", BL, ok(prompt_tokens=3), (), Verdict.TRUNCATED),
+    ("under rejected as too long", UN, rejected(400), (), Verdict.UNDER_REJECTED),
+    ("over rejected with 500", OV, rejected(500, Rejection.OTHER), (), Verdict.WRONG_REJECTION),
     (
         "over rejected with other 4xx",
-        OVER,
+        OV,
         rejected(400, Rejection.OTHER),
         (),
         Verdict.WRONG_REJECTION,
     ),
     (
         "over 200 with an error frame",
-        OVER,
+        OV,
         ok(stream_error_frame=True),
         (),
         Verdict.WRONG_REJECTION,
     ),
-    ("under stream error frame", UNDER, ok(stream_error_frame=True), (), Verdict.STREAM_ERROR),
+    ("under stream error frame", UN, ok(stream_error_frame=True), (), Verdict.STREAM_ERROR),
     (
         "under stream without terminator",
-        UNDER,
+        UN,
         ok(stream_terminated=False),
         (),
         Verdict.STREAM_ERROR,
     ),
-    ("baseline without marker", BASE, ok(answer="no idea"), (), Verdict.CANARY_INEFFECTIVE),
-    ("timeout", UNDER, Exchange(transport_error=TransportError.TIMEOUT), (), Verdict.ERROR),
+    ("baseline without marker", BL, ok(answer="no idea"), (), Verdict.CANARY_INEFFECTIVE),
+    ("timeout", UN, Exchange(transport_error=TransportError.TIMEOUT), (), Verdict.ERROR),
     (
         "connect failure on over",
-        OVER,
+        OV,
         Exchange(transport_error=TransportError.CONNECT),
         (),
         Verdict.ERROR,
     ),
-    ("5xx on under", UNDER, rejected(503, Rejection.OTHER), (), Verdict.ERROR),
-    ("5xx on baseline", BASE, rejected(500, Rejection.OTHER), (), Verdict.ERROR),
-    ("unparseable 2xx body", UNDER, Exchange(status=200, body_parsed=False), (), Verdict.ERROR),
-    ("2xx without usage", UNDER, ok(prompt_tokens=None), (), Verdict.ERROR),
-    ("other 4xx on under", UNDER, rejected(404, Rejection.OTHER), (), Verdict.ERROR),
-    ("401", UNDER, rejected(401, Rejection.OTHER), (), Verdict.AUTH_ERROR),
-    ("403 on over", OVER, rejected(403, Rejection.OTHER), (), Verdict.AUTH_ERROR),
-    ("429", UNDER, rejected(429, Rejection.OTHER), (), Verdict.THROTTLED),
+    ("5xx on under", UN, rejected(503, Rejection.OTHER), (), Verdict.ERROR),
+    ("5xx on baseline", BL, rejected(500, Rejection.OTHER), (), Verdict.ERROR),
+    ("unparseable 2xx body", UN, Exchange(status=200, body_parsed=False), (), Verdict.ERROR),
+    ("2xx without usage", UN, ok(prompt_tokens=None), (), Verdict.ERROR),
+    ("other 4xx on under", UN, rejected(404, Rejection.OTHER), (), Verdict.ERROR),
+    ("401", UN, rejected(401, Rejection.OTHER), (), Verdict.AUTH_ERROR),
+    ("403 on over", OV, rejected(403, Rejection.OTHER), (), Verdict.AUTH_ERROR),
+    ("429", UN, rejected(429, Rejection.OTHER), (), Verdict.THROTTLED),
 ]
 
 
@@ -139,7 +139,7 @@ def test_each_situation_gets_its_verdict(name, kind, exchange, foreign, verdict)
 
 def test_more_tokens_than_planned_passes_but_reports_the_drift():
     """Usage above plan is a counting finding, never an incident (DESIGN §3)."""
-    j = judge(plan(UNDER), ok(prompt_tokens=4070))
+    j = judge(plan(UN), ok(prompt_tokens=4070))
     assert j.verdict is Verdict.PASS
     assert j.token_drift == 6
     assert "recalibrate" in j.reason
@@ -147,15 +147,13 @@ def test_more_tokens_than_planned_passes_but_reports_the_drift():
 
 def test_an_estimated_plan_tolerates_small_shortfalls():
     """With a tolerance, a few tokens short is not truncation; beyond it, it is."""
-    assert judge(plan(UNDER, tolerance=40), ok(prompt_tokens=4064 - 40)).verdict is Verdict.PASS
-    assert (
-        judge(plan(UNDER, tolerance=40), ok(prompt_tokens=4064 - 41)).verdict is Verdict.TRUNCATED
-    )
+    assert judge(plan(UN, tolerance=40), ok(prompt_tokens=4064 - 40)).verdict is Verdict.PASS
+    assert judge(plan(UN, tolerance=40), ok(prompt_tokens=4064 - 41)).verdict is Verdict.TRUNCATED
 
 
 def test_the_leak_reason_names_the_probe_endpoint_and_time_it_leaked_from():
     """A foreign marker turns a wrong answer into proof: the reason names its origin."""
-    j = judge(plan(UNDER), ok(answer="x"), (OTHER,))
+    j = judge(plan(UN), ok(answer="x"), (OTHER,))
     assert "probe 41" in j.reason and "glm-prod" in j.reason and "2026-12-01T03:00" in j.reason
     assert j.foreign == [OTHER]
 
