@@ -258,8 +258,7 @@ class OpenAIEngine:
         *,
         max_tokens: int,
         stream: bool,
-        # The Engine protocol names it; it is applied with asyncio.timeout below.
-        timeout: float,  # noqa: ASYNC109
+        timeout: float,
         progress: ProgressCallback | None = None,
     ) -> Exchange:
         body: dict[str, Any] = {

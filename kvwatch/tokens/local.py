@@ -90,6 +90,11 @@ class TiktokenCounter(_LocalCounter):
                 encoding = tiktoken.get_encoding(encoding_name)
             except ValueError as exc:
                 raise ValueError(f"unknown tiktoken encoding {encoding_name!r}") from exc
+            except Exception as exc:  # the download of the BPE file failed
+                raise ValueError(
+                    f"cannot load tiktoken encoding {encoding_name!r}: {exc} (tiktoken fetches "
+                    "encodings on first use; on an offline host fill TIKTOKEN_CACHE_DIR)"
+                ) from exc
         self._encoding = encoding
         self.source = f"tiktoken:{encoding_name}"
 
