@@ -46,6 +46,10 @@ ANSWER_CHARS = 256 * 1024
 # Tokenize calls are concurrent per piece but bounded, so a vocabulary of filler pieces does
 # not open hundreds of connections to the engine at once.
 TOKENIZE_CONCURRENCY = 8
+# A tokenize reply lists every token id: about 7 MB of JSON for a 1M-token prompt on vLLM or
+# llama.cpp. It is the engine's answer to our own request, so it gets a cap of its own rather
+# than the chat body cap.
+TOKENIZE_BODY_LIMIT = 256 * 1024 * 1024
 
 
 class EngineCallError(Exception):
@@ -404,9 +408,12 @@ class OpenAIEngine:
     async def _post_json(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
         """POST to the engine root; returns (status, parsed JSON or None). Transport failures
         raise :class:`EngineCallError`."""
-        return await self._call("POST", f"{self.root_url}{path}", body)
+        limit = max(self.body_limit_bytes, TOKENIZE_BODY_LIMIT)
+        return await self._call("POST", f"{self.root_url}{path}", body, limit)
 
-    async def _call(self, method: str, url: str, body: dict[str, Any] | None) -> tuple[int, Any]:
+    async def _call(
+        self, method: str, url: str, body: dict[str, Any] | None, limit: int
+    ) -> tuple[int, Any]:
         try:
             async with asyncio.timeout(self.tokenize_timeout):
                 request = self._client.build_request(
@@ -418,7 +425,7 @@ class OpenAIEngine:
                 )
                 response = await self._client.send(request, stream=True)
                 try:
-                    raw = await read_capped(response, self.body_limit_bytes)
+                    raw = await read_capped(response, limit)
                 finally:
                     await response.aclose()
         except (httpx.HTTPError, TimeoutError, BodyTooLarge) as exc:
@@ -540,7 +547,9 @@ class OpenAIEngine:
         """Read the advertised window from ``GET /models`` (vLLM's ``max_model_len``).
         Never raises: what could not be learnt is said in ``detail``."""
         try:
-            status, payload = await self._call("GET", f"{self.base_url}/models", None)
+            status, payload = await self._call(
+                "GET", f"{self.base_url}/models", None, self.body_limit_bytes
+            )
         except EngineCallError as exc:
             return Discovery(detail=str(exc))
         if status != 200:

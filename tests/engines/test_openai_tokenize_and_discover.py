@@ -11,6 +11,7 @@ from kvwatch.canary.sizing import AcceptanceRule
 from kvwatch.engines.factory import build_engine
 from kvwatch.engines.openai import EngineCallError, OpenAIEngine
 from kvwatch.simulator import tokenizer
+from kvwatch.simulator.model import render_chat
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import Flavour, SimEndpoint
 from tests.engines.wire import canary_messages
@@ -71,6 +72,20 @@ async def test_the_text_dialect_is_detected_and_remembered(client: httpx.AsyncCl
     assert first == [tokenizer.count(p) for p in PIECES]
     assert second == first[:1]
     assert calls == len(PIECES) + 1
+
+
+async def test_tokenize_replies_are_not_held_to_the_chat_body_cap(
+    client: httpx.AsyncClient, marker: str
+) -> None:
+    """A tokenize reply lists every token id (megabytes for a long prompt); it still counts
+    when the chat body cap is tiny."""
+    messages = canary_messages(marker, filler_words=500)
+    async with run_simulator([SimEndpoint("e")]) as sim:
+        engine = OpenAIEngine(
+            client, base_url=sim.url_for("e"), model="sim-1", api_key=None, body_limit_bytes=64
+        )
+        counted = await engine.count_prompt_tokens(messages)
+    assert counted == tokenizer.count(render_chat(messages))
 
 
 async def test_an_engine_without_tokenize_gives_none(
