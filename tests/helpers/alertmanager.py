@@ -30,7 +30,7 @@ import pytest
 ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
 
 
-def require_binary(*names: str) -> str:
+def require_binary(*names: str, package: str = "prometheus-alertmanager") -> str:
     """The path of the first of ``names`` on PATH; fail under CI, skip elsewhere, if none."""
     for name in names:
         found = shutil.which(name)
