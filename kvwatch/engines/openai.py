@@ -41,6 +41,17 @@ from kvwatch.engines.sse import SSEDecodeError, SSEParser
 
 TokenizeShape = Literal["vllm", "llamacpp"]
 
+# What talking to an engine can raise that is a fact about the engine or the network, not a
+# bug here. InvalidURL and StreamError are not HTTPError subclasses in httpx.
+_TRANSPORT_FAILURES: tuple[type[BaseException], ...] = (
+    httpx.HTTPError,
+    httpx.InvalidURL,
+    httpx.StreamError,
+    TimeoutError,
+    BodyTooLarge,
+)
+_CHAT_FAILURES: tuple[type[BaseException], ...] = (*_TRANSPORT_FAILURES, SSEDecodeError)
+
 # The answer of a canary is a few tokens; anything past this is kept out of memory.
 ANSWER_CHARS = 256 * 1024
 # Tokenize calls are concurrent per piece but bounded, so a vocabulary of filler pieces does
@@ -284,7 +295,7 @@ class OpenAIEngine:
                 progress_ticks(progress, clock, interval=self.progress_interval),
             ):
                 await self._exchange(body, exchange, clock, timeout)
-        except (httpx.HTTPError, TimeoutError, BodyTooLarge, SSEDecodeError) as exc:
+        except _CHAT_FAILURES as exc:
             self._transport_failure(exchange, exc, timeout)
         exchange.ttfb_seconds = clock.ttfb
         exchange.total_seconds = clock.elapsed()
@@ -428,7 +439,7 @@ class OpenAIEngine:
                     raw = await read_capped(response, limit)
                 finally:
                     await response.aclose()
-        except (httpx.HTTPError, TimeoutError, BodyTooLarge) as exc:
+        except _TRANSPORT_FAILURES as exc:
             detail = describe_transport_error(exc, deadline=self.tokenize_timeout)
             raise EngineCallError(self._scrub(f"{method} {url}: {detail}")) from exc
         try:

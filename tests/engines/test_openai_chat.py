@@ -290,3 +290,15 @@ async def test_a_2xx_body_that_is_not_a_completion_is_unparsed_with_a_precise_de
     assert ex.transport_error is None
     assert not ex.body_parsed
     assert ex.error_detail == detail
+
+
+async def test_an_unusable_url_is_a_protocol_error_not_an_exception(
+    client: httpx.AsyncClient, marker: str
+) -> None:
+    """A URL httpx cannot send to (here an unsupported scheme) is recorded, never raised."""
+    ex = await _engine(client, "ftp://127.0.0.1/v1").chat(
+        canary_messages(marker), max_tokens=16, stream=False, timeout=5
+    )
+    assert ex.status is None
+    assert ex.transport_error is TransportError.PROTOCOL
+    assert ex.error_detail is not None and ex.error_detail.startswith("protocol: ")
