@@ -34,7 +34,7 @@ from kvwatch.canary.planning import PlanningError, plan_prompt
 from kvwatch.canary.sizing import SizingError, target_prompt_tokens
 from kvwatch.canary.verdicts import judge
 from kvwatch.config import EndpointSpec
-from kvwatch.engines.base import Engine, ProgressCallback
+from kvwatch.engines.base import Engine, EngineAuthError, ProgressCallback
 from kvwatch.metrics import ProbeMetrics
 from kvwatch.store.records import AlertStateRecord, NewProbe, ProbeOutcome
 from kvwatch.store.repository import Store
@@ -124,13 +124,16 @@ class ProbeRunner:
         marker = markers.new_marker()
         started = self.clock()
         plan: PlannedPrompt | None = None
-        failure: str | None = None
+        failure: Judgement | None = None
         try:
             plan = await self._plan(target, kind, marker)
+        except EngineAuthError as exc:
+            failure = Judgement(Verdict.AUTH_ERROR, f"cannot plan the canary: {exc}")
         except (PlanningError, SizingError, WindowUnknown) as exc:
-            failure = f"cannot plan the canary: {exc}"
+            failure = Judgement(Verdict.ERROR, f"cannot plan the canary: {exc}")
         except Exception as exc:  # tokenize endpoint down, garbage from it...
-            failure = f"cannot plan the canary: {type(exc).__name__}: {_short(str(exc))}"
+            reason = f"cannot plan the canary: {type(exc).__name__}: {_short(str(exc))}"
+            failure = Judgement(Verdict.ERROR, reason)
 
         probe_id = await asyncio.to_thread(
             self.store.begin_probe,
@@ -155,8 +158,8 @@ class ProbeRunner:
         try:
             if plan is None:
                 assert failure is not None
-                exchange = Exchange(error_detail=failure)
-                judgement = Judgement(Verdict.ERROR, failure)
+                exchange = Exchange(error_detail=failure.reason)
+                judgement = failure
             else:
                 exchange = await target.engine.chat(
                     plan.messages,

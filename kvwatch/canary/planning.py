@@ -104,9 +104,7 @@ async def plan_prompt(
         calls += 1
         # An estimate cannot be steered token by token; sizing already left it a margin.
         fits = _acceptable(total, target_tokens, side) or not counter.exact
-        if fits and (
-            best is None or abs(target_tokens - total) < abs(target_tokens - best[0])
-        ):
+        if fits and (best is None or abs(target_tokens - total) < abs(target_tokens - best[0])):
             best = (total, list(pieces))
         diff = target_tokens - total
         if diff == 0 or not counter.exact:

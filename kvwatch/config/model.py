@@ -20,6 +20,7 @@ from kvwatch.config.types import (
     EndpointName,
     Flag,
     HttpUrl,
+    Jitter,
     LabelName,
     ListenAddress,
     MarkerDepth,
@@ -122,7 +123,7 @@ class Defaults(_Strict):
     max_tokens: PositiveInt = 32
     baseline_tokens: PositiveInt = 1536
     stream: Flag = True
-    jitter: Duration = 30.0
+    jitter: Jitter = 30.0
     timeouts: Timeouts = Timeouts()
     # Fraction of the filler placed before the marker; 0.0 puts it at the very start.
     marker_depths: list[MarkerDepth] = Field(default=[0.0], min_length=1)
@@ -153,7 +154,7 @@ class Endpoint(_Strict):
     max_tokens: PositiveInt | None = None
     baseline_tokens: PositiveInt | None = None
     stream: Flag | None = None
-    jitter: Duration | None = None
+    jitter: Jitter | None = None
     timeouts: TimeoutOverrides | None = None
     marker_depths: list[MarkerDepth] | None = Field(default=None, min_length=1)
     confirm: Flag | None = None

@@ -59,6 +59,15 @@ def _duration(value: object) -> float:
         raise invalid(str(exc)) from None
 
 
+def _jitter(value: object) -> float:
+    # Zero is a legitimate jitter (probe exactly on the interval); other durations must parse.
+    if isinstance(value, int | float) and not isinstance(value, bool) and value == 0:
+        return 0.0
+    if isinstance(value, str) and value.strip() in ("0", "0s", "0ms"):
+        return 0.0
+    return _duration(value)
+
+
 def _positive_int(value: object) -> int:
     # Numeric strings are accepted because ${VAR} expansion always yields a string.
     if isinstance(value, bool):
@@ -229,6 +238,7 @@ def _non_empty_secret(value: SecretStr) -> SecretStr:
 
 
 Duration = Annotated[float, BeforeValidator(_duration)]
+Jitter = Annotated[float, BeforeValidator(_jitter)]
 PositiveInt = Annotated[int, BeforeValidator(_positive_int)]
 Flag = Annotated[bool, BeforeValidator(_flag)]
 MarkerDepth = Annotated[float, BeforeValidator(_marker_depth)]

@@ -53,9 +53,15 @@ class Engine(Protocol):
         """Tokens of each raw text (no template, no special tokens); ``None`` if unsupported."""
         ...
 
-    async def discover(self) -> Discovery:
-        ...
+    async def discover(self) -> Discovery: ...
 
 
 class TokenizeUnavailable(Exception):
     """The engine has no usable tokenize endpoint (raised by server token counters)."""
+
+
+class EngineAuthError(Exception):
+    """The engine refused kvwatch's credentials (401/403) on a helper call such as tokenize.
+
+    Kept apart from other helper failures so a bad API key is reported as ``auth_error``
+    (a config problem) instead of as a missing tokenize endpoint."""

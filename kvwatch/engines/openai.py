@@ -18,7 +18,7 @@ import httpx
 
 from kvwatch.canary.model import Exchange, Message, Rejection, TransportError
 from kvwatch.canary.sizing import AcceptanceRule
-from kvwatch.engines.base import Discovery, ProgressCallback
+from kvwatch.engines.base import Discovery, EngineAuthError, ProgressCallback
 from kvwatch.engines.http import (
     DEFAULT_BODY_LIMIT,
     ERROR_BODY_CHARS,
@@ -420,7 +420,11 @@ class OpenAIEngine:
         """POST to the engine root; returns (status, parsed JSON or None). Transport failures
         raise :class:`EngineCallError`."""
         limit = max(self.body_limit_bytes, TOKENIZE_BODY_LIMIT)
-        return await self._call("POST", f"{self.root_url}{path}", body, limit)
+        status, payload = await self._call("POST", f"{self.root_url}{path}", body, limit)
+        if status in (401, 403):
+            # Not "no tokenize endpoint": the key is wrong, and that is what to report.
+            raise EngineAuthError(f"POST {self.root_url}{path}: HTTP {status}, credentials refused")
+        return status, payload
 
     async def _call(
         self, method: str, url: str, body: dict[str, Any] | None, limit: int

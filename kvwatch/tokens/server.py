@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvwatch.canary.model import Message
-from kvwatch.engines.base import Engine, TokenizeUnavailable
+from kvwatch.engines.base import Engine, EngineAuthError, TokenizeUnavailable
 
 # Filler pieces are words and short phrases drawn from a fixed vocabulary, so the cache stays
 # small in practice; the cap only guards against a planner that sends unique pieces forever.
@@ -30,6 +30,8 @@ class ServerTokenCounter:
         self.prompt_calls += 1
         try:
             count = await self._engine.count_prompt_tokens(messages)
+        except EngineAuthError:
+            raise
         except Exception as exc:  # transport failure: the planner must not guess instead
             raise TokenizeUnavailable(f"tokenize call failed: {exc}") from exc
         if count is None:
@@ -45,6 +47,8 @@ class ServerTokenCounter:
         if missing:
             try:
                 counts = await self._engine.count_text_tokens(missing)
+            except EngineAuthError:
+                raise
             except Exception as exc:
                 raise TokenizeUnavailable(f"tokenize call failed: {exc}") from exc
             if counts is None or len(counts) != len(missing):

@@ -236,3 +236,14 @@ def test_it_uses_the_process_environment_when_no_env_is_given(
     """Without env=, ${VAR} reads os.environ, which is what `kvwatch run` relies on."""
     monkeypatch.setenv("KVWATCH_TEST_REPLICA", "from-env")
     assert parse_config("replica: ${KVWATCH_TEST_REPLICA}\n").replica_id == "from-env"
+
+
+def test_a_zero_jitter_is_allowed():
+    """jitter: 0s means probing exactly on the interval."""
+    from kvwatch.config import parse_config
+
+    config = parse_config(
+        "endpoints:\n  - {name: a, url: 'http://h/v1', model: m, context_window: 4096,"
+        " jitter: 0s}\n"
+    )
+    assert config.resolved_endpoints()[0].jitter_seconds == 0.0

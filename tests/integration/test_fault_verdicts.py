@@ -6,6 +6,7 @@ real store (SQLite and PostgreSQL): only the LLM is simulated.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 
 import httpx
@@ -48,7 +49,7 @@ async def rig(store: Store) -> AsyncIterator[tuple]:
                 entry["api_key"] = "wrong-key"
             if entry["name"] == "llama":
                 entry["flavour"] = "llamacpp"
-        config = config_for(entries, database="sqlite://", defaults={"confirm": False})
+        config = config_for(entries, database="sqlite:///unused.db", defaults={"confirm": False})
         targets, runner, _metrics = targets_and_runner(config, store, client)
         yield sim, targets, runner, store
 
@@ -111,18 +112,20 @@ async def test_a_critical_verdict_is_confirmed_by_a_second_stored_probe(rig):
     """run_checked re-checks a critical failure at once; both probes are stored and linked."""
     _sim, targets, runner, store = rig
     target = targets["over-ok"]
-    target.spec = (
-        type(target.spec)(**{**target.spec.__dict__, "confirm": True})
-        if hasattr(target.spec, "__dict__")
-        else target.spec
-    )
+    target.spec = dataclasses.replace(target.spec, confirm=True)
     reports = await runner.run_checked(target, OVER)
-    if not target.spec.confirm:
-        pytest.skip("EndpointSpec is slotted; covered by the daemon tests")
     assert [r.verdict for r in reports] == [Verdict.OVER_ACCEPTED, Verdict.OVER_ACCEPTED]
     assert reports[1].confirms_probe_id == reports[0].probe_id
     second = store.get_probe(reports[1].probe_id)
     assert second is not None and second.confirms_probe_id == reports[0].probe_id
+
+
+async def test_a_passing_probe_is_not_confirmed(rig):
+    """Only critical verdicts trigger a confirmation probe."""
+    _sim, targets, runner, _store = rig
+    target = targets["healthy"]
+    target.spec = dataclasses.replace(target.spec, confirm=True)
+    assert len(await runner.run_checked(target, OVER)) == 1
 
 
 @pytest.mark.parametrize("window", [4096, 131_072])
@@ -132,7 +135,7 @@ async def test_planned_and_reported_prompt_tokens_differ_by_zero(store, window):
         run_simulator([SimEndpoint("exact", window=window)]) as sim,
         httpx.AsyncClient(timeout=None) as client,
     ):
-        config = config_for([sim_endpoint_entry(sim, "exact")], database="sqlite://")
+        config = config_for([sim_endpoint_entry(sim, "exact")], database="sqlite:///unused.db")
         targets, runner, _ = targets_and_runner(config, store, client)
         for kind in (UNDER, BASE):
             report = await runner.run(targets["exact"], kind)

