@@ -124,7 +124,7 @@ def probe(config_path: Path | None, name: str, kind: str, output: str) -> None:
 async def _probe(config: Config, name: str, kind: str, *, quiet: bool) -> list[ProbeReport]:
     from kvwatch.daemon import build
 
-    built = await build(config)
+    built = await build(config, alerting=False)
     try:
         target = next((t for t in built.targets if t.spec.name == name), None)
         if target is None:

@@ -18,6 +18,10 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from kvwatch import __version__
+from kvwatch.alerting.alertmanager import AlertmanagerSettings, TLSSettings
+from kvwatch.alerting.delivery import Delivery
+from kvwatch.alerting.evaluator import AlertEvaluator
+from kvwatch.alerting.policy import default_policy
 from kvwatch.config import Config, EndpointSpec
 from kvwatch.engines.factory import build_engine
 from kvwatch.metrics import ProbeMetrics
@@ -25,6 +29,7 @@ from kvwatch.runner import ProbeRunner, Target
 from kvwatch.scheduler import ProbeScheduler
 from kvwatch.store import migrate
 from kvwatch.store.engine import create_engine_for
+from kvwatch.store.records import AlertStateRecord
 from kvwatch.store.repository import Store
 from kvwatch.tokens.factory import build_counter
 from kvwatch.web.app import WebContext, create_app
@@ -55,6 +60,39 @@ class Built:
     client: httpx.AsyncClient
     runner: ProbeRunner
     targets: list[Target]
+    delivery: Delivery | None = None
+
+
+def alertmanager_settings(config: Config) -> AlertmanagerSettings | None:
+    am = config.alertmanager
+    if not am.urls:
+        return None
+    bearer = am.bearer_token or (am.bearer_token_file.value if am.bearer_token_file else None)
+    password = None
+    if am.basic_auth is not None:
+        auth = am.basic_auth
+        password = auth.password or (auth.password_file.value if auth.password_file else None)
+    return AlertmanagerSettings(
+        urls=tuple(am.urls),
+        timeout=am.timeout,
+        resend_interval=am.resend_interval,
+        username=am.basic_auth.username if am.basic_auth else None,
+        password=password.get_secret_value() if password else None,
+        bearer_token=bearer.get_secret_value() if bearer else None,
+        tls=TLSSettings(
+            ca_file=str(am.tls.ca_file) if am.tls.ca_file else None,
+            cert_file=str(am.tls.cert_file) if am.tls.cert_file else None,
+            key_file=str(am.tls.key_file) if am.tls.key_file else None,
+            insecure_skip_verify=am.tls.insecure_skip_verify,
+        ),
+    )
+
+
+def public_base_url(config: Config) -> str:
+    """Where people reach this kvwatch: alerts link to probe pages under it."""
+    if config.alertmanager.external_url:
+        return config.alertmanager.external_url.rstrip("/")
+    return f"http://{config.listen}"
 
 
 def build_targets(
@@ -93,8 +131,12 @@ def build_targets(
     return targets
 
 
-async def build(config: Config, *, upgrade: bool = True) -> Built:
-    """Build every long-lived object from a validated config (shared by run and probe)."""
+async def build(config: Config, *, upgrade: bool = True, alerting: bool = True) -> Built:
+    """Build every long-lived object from a validated config (shared by run and probe).
+
+    ``alerting=False`` (the one-shot ``probe`` command) leaves alert state alone: only the
+    daemon, which also delivers, may move it.
+    """
     if upgrade:
         await asyncio.to_thread(migrate.upgrade, config.database)
     store = Store(create_engine_for(config.database))
@@ -105,7 +147,23 @@ async def build(config: Config, *, upgrade: bool = True) -> Built:
         build_targets, config.resolved_endpoints(), store, client, metrics
     )
     runner = ProbeRunner(store=store, metrics=metrics, replica=config.replica_id)
-    return Built(store, registry, metrics, client, runner, targets)
+    delivery = None
+    if alerting:
+        settings = alertmanager_settings(config)
+
+        async def load_states() -> list[AlertStateRecord]:
+            return await asyncio.to_thread(store.load_alert_states)
+
+        if settings is not None:
+            delivery = Delivery(settings=settings, load_states=load_states, registry=registry)
+        base = public_base_url(config)
+        runner.alert_hook = AlertEvaluator(
+            policy=default_policy(),
+            states=await load_states(),
+            probe_url=lambda probe_id: f"{base}/probes/{probe_id}",
+            wake=delivery.notify if delivery else lambda: None,
+        )
+    return Built(store, registry, metrics, client, runner, targets, delivery)
 
 
 class Daemon:
@@ -136,6 +194,9 @@ class Daemon:
             )
             if recovered:
                 built.metrics.interrupted.inc(recovered)
+            if built.delivery is not None:
+                delivery_task = asyncio.create_task(built.delivery.run(), name="alert-delivery")
+                stack.push_async_callback(_stop_delivery, built.delivery, delivery_task)
             scheduler = ProbeScheduler(built.runner)
             scheduler.start(built.targets)
             host, port = split_listen(config.listen)
@@ -172,6 +233,12 @@ class Daemon:
             log.info("stopped")
             if web_task.done() and web_task.exception() is not None:
                 raise SystemExit(f"web server failed: {web_task.exception()}")
+
+
+async def _stop_delivery(delivery: Delivery, task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await delivery.aclose()
 
 
 def _safe_url(url: str) -> str:

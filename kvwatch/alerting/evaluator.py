@@ -1,0 +1,73 @@
+"""The runner's alerting hook: probe result → alert-state changes → delivery wake-up.
+
+It keeps the current alert states in memory (loaded from the store at start, so a restart
+neither forgets a firing alert nor pages it again as new), asks the pure state machine what a
+result changes, and hands the changed states to the runner, which writes them in the same
+transaction as the probe result. Only after that commit are they adopted here and delivery
+woken: a crash between deciding and storing loses nothing and invents nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from kvwatch.alerting.policy import AlertingPolicy
+from kvwatch.alerting.state import AlertKey, AlertState, Evidence, ProbeEvent, evaluate
+from kvwatch.store.records import AlertStateRecord
+
+if TYPE_CHECKING:
+    from kvwatch.runner import ProbeReport, Target
+
+
+class AlertEvaluator:
+    def __init__(
+        self,
+        *,
+        policy: AlertingPolicy,
+        states: Iterable[AlertStateRecord],
+        probe_url: Callable[[int], str],
+        wake: Callable[[], None] = lambda: None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._policy = policy
+        self._states = {s.key: s for s in map(AlertState.from_record, states)}
+        self._probe_url = probe_url
+        self._wake = wake
+        self._clock = clock
+
+    def evaluate(self, report: ProbeReport, target: Target) -> Sequence[AlertStateRecord]:
+        spec = target.spec
+        event = ProbeEvent(
+            endpoint=report.endpoint,
+            model=spec.model,
+            probe=report.kind.value,
+            verdict=report.verdict,
+            probe_id=report.probe_id,
+            confirmation=report.confirms_probe_id is not None,
+            confirm_enabled=spec.confirm,
+            evidence=Evidence(
+                reason=report.reason,
+                planned_tokens=report.planned_prompt_tokens,
+                reported_tokens=report.reported_prompt_tokens,
+                status=report.status,
+                marker_found=report.marker_found,
+                foreign=report.foreign,
+            ),
+            generator_url=self._probe_url(report.probe_id),
+            labels=dict(spec.labels),
+        )
+        changes = evaluate(self._states, event, self._policy, self._clock())
+        return [AlertStateRecord(**dataclasses.asdict(c)) for c in changes]
+
+    def committed(self, records: Sequence[AlertStateRecord]) -> None:
+        for record in records:
+            state = AlertState.from_record(record)
+            self._states[state.key] = state
+        if records:
+            self._wake()
+
+    def firing(self) -> list[AlertKey]:
+        return [k for k, s in self._states.items() if s.state == "firing"]
