@@ -75,6 +75,11 @@ class Probe(Base):
         Index(None, "verdict", "started_at"),
         Index(None, "state", "replica"),
         Index(None, "started_at"),
+        # History review (migration 0002): one endpoint's probes newest first, all kinds or
+        # one verdict; the confirmations of a probe.
+        Index(None, "endpoint", "started_at", "id"),
+        Index(None, "endpoint", "verdict", "started_at", "id"),
+        Index(None, "confirms_probe_id"),
         # Ids are permalinks (/probes/{id}): SQLite must never hand out a pruned id again.
         {"sqlite_autoincrement": True},
     )
