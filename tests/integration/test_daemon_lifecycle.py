@@ -10,6 +10,7 @@ import yaml
 
 from kvwatch.canary.model import ProbeState
 from kvwatch.store.engine import create_engine_for
+from kvwatch.store.errors import StoreError
 from kvwatch.store.repository import Store
 from tests.helpers.processes import free_port, simulator_process, start_kvwatch, stop, wait_for
 
@@ -36,6 +37,14 @@ def write_config(path: Path, db_url: str, sim: str, *, grace_probe: str = "basel
     return path
 
 
+def rows(store: Store, state: ProbeState) -> list:
+    """Probes in ``state``; empty while the daemon has not created the schema yet."""
+    try:
+        return store.list_probes(state=state)
+    except StoreError:
+        return []
+
+
 @pytest.fixture
 def observed(db_url: str):
     engine = create_engine_for(db_url)
@@ -53,7 +62,7 @@ def test_sigkill_mid_probe_leaves_an_interrupted_row_and_the_next_start_carries_
         proc = start_kvwatch("run", "--config", str(config), log=log)
         running = wait_for(
             "a running probe row",
-            lambda: observed.list_probes(state=ProbeState.RUNNING),
+            lambda: rows(observed, ProbeState.RUNNING),
             timeout=60,
         )
         stop(proc, signal.SIGKILL)
@@ -70,7 +79,7 @@ def test_sigkill_mid_probe_leaves_an_interrupted_row_and_the_next_start_carries_
             )
             done = wait_for(
                 "a new completed probe",
-                lambda: observed.list_probes(state=ProbeState.DONE),
+                lambda: rows(observed, ProbeState.DONE),
                 timeout=60,
             )
             assert done[0].id > killed_id
@@ -86,7 +95,7 @@ def test_sigterm_lets_an_in_flight_probe_finish(tmp_path, db_url, observed):
         config = write_config(tmp_path / "kvwatch.yaml", db_url, sim)
         proc = start_kvwatch("run", "--config", str(config), "--grace", "20", log=log)
         running = wait_for(
-            "a running probe", lambda: observed.list_probes(state=ProbeState.RUNNING), timeout=60
+            "a running probe", lambda: rows(observed, ProbeState.RUNNING), timeout=60
         )
         assert stop(proc) == 0, log.read_text()
         row = observed.get_probe(running[0].id)
@@ -100,7 +109,7 @@ def test_sigterm_past_the_grace_period_marks_the_probe_interrupted(tmp_path, db_
         config = write_config(tmp_path / "kvwatch.yaml", db_url, sim)
         proc = start_kvwatch("run", "--config", str(config), "--grace", "1", log=log)
         running = wait_for(
-            "a running probe", lambda: observed.list_probes(state=ProbeState.RUNNING), timeout=60
+            "a running probe", lambda: rows(observed, ProbeState.RUNNING), timeout=60
         )
         assert stop(proc) == 0, log.read_text()
         row = observed.get_probe(running[0].id)
