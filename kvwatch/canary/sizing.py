@@ -47,3 +47,33 @@ def target_prompt_tokens(
     if rule is AcceptanceRule.PROMPT_PLUS_MAX_TOKENS:
         return window - max_tokens + 1 + margin
     return window + margin
+
+
+def edge_prompt_tokens(
+    *,
+    rule: AcceptanceRule,
+    window: int,
+    pool: int,
+    max_tokens: int,
+    margin: int = 0,
+) -> int:
+    """Prompt tokens of the *edge* probe: the smallest prompt the KV pool cannot hold.
+
+    It only exists while the pool is smaller than the window: a prompt of ``pool + 1`` tokens
+    is then inside the advertised window yet too large for the cache that must hold it — the
+    gap where an engine either rejects or silently serves something else. SGLang rejects it
+    by its scheduler limit (``min(context_len, max_total_num_tokens) - 1``); an engine that
+    answers must answer from the whole prompt. Plan it like *over* (at least this many).
+    """
+    if window <= 0 or pool <= 0 or max_tokens <= 0:
+        raise SizingError("window, pool and max_tokens must be positive")
+    size = pool + 1 + margin
+    over = target_prompt_tokens(
+        ProbeKind.OVER, rule=rule, window=window, max_tokens=max_tokens, baseline_tokens=1
+    )
+    if size >= over:
+        raise SizingError(
+            f"no gap between the KV pool ({pool}) and the window ({window}) with "
+            f"max_tokens {max_tokens}: the over probe already covers it"
+        )
+    return size

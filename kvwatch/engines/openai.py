@@ -12,7 +12,7 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import httpx
 
@@ -138,6 +138,24 @@ def _usage(usage: Any) -> tuple[int | None, int | None]:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class StreamAccumulator(Protocol):
+    """Turns a streamed body into Exchange facts, chunk by chunk; one per API flavour."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def feed(self, data: bytes) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+def plain_prompt(messages: Sequence[Message]) -> str:
+    """The text sent to raw-prompt APIs (OpenAI completions, TGI ``/generate``): the messages'
+    contents, blank-line separated, without any chat template. Tokenize counts use the same
+    text, so the plan still matches what the engine reads."""
+    return "\n\n".join(m.content for m in messages)
 
 
 class StreamReader:
@@ -276,15 +294,7 @@ class OpenAIEngine:
         timeout: float,
         progress: ProgressCallback | None = None,
     ) -> Exchange:
-        body: dict[str, Any] = {
-            "model": self.model,
-            "messages": [{"role": m.role, "content": m.content} for m in messages],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": stream,
-        }
-        if stream:
-            body["stream_options"] = {"include_usage": True}
+        body = self._chat_body(messages, max_tokens=max_tokens, stream=stream)
         exchange = Exchange(streamed=stream)
         clock = Stopwatch()
         try:
@@ -294,21 +304,56 @@ class OpenAIEngine:
                 asyncio.timeout(timeout),
                 progress_ticks(progress, clock, interval=self.progress_interval),
             ):
-                await self._exchange(body, exchange, clock, timeout)
+                await self._exchange(body, stream, exchange, clock, timeout)
         except _CHAT_FAILURES as exc:
             self._transport_failure(exchange, exc, timeout)
         exchange.ttfb_seconds = clock.ttfb
         exchange.total_seconds = clock.elapsed()
         return exchange
 
+    # -- what subclasses for other API flavours override ------------------------------------
+
+    def _chat_url(self, *, stream: bool) -> str:
+        return f"{self.base_url}/chat/completions"
+
+    def _chat_body(
+        self, messages: Sequence[Message], *, max_tokens: int, stream: bool
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": stream,
+        }
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    def _stream_reader(self, exchange: Exchange) -> StreamAccumulator:
+        return StreamReader(exchange)
+
+    def _is_stream_response(self, content_type: str) -> bool:
+        return "text/event-stream" in content_type
+
+    def _parse_completion(self, payload: Any, headers: httpx.Headers) -> Completion:
+        return parse_completion(payload)
+
+    # -- the exchange -----------------------------------------------------------------------
+
     async def _exchange(
-        self, body: dict[str, Any], exchange: Exchange, clock: Stopwatch, deadline: float
+        self,
+        body: dict[str, Any],
+        stream: bool,
+        exchange: Exchange,
+        clock: Stopwatch,
+        deadline: float,
     ) -> None:
         request = self._client.build_request(
             "POST",
-            f"{self.base_url}/chat/completions",
+            self._chat_url(stream=stream),
             json=body,
-            headers=self._headers(stream=bool(body["stream"])),
+            headers=self._headers(stream=stream),
             timeout=httpx.Timeout(deadline),
         )
         response = await self._client.send(request, stream=True)
@@ -324,7 +369,7 @@ class OpenAIEngine:
                 )
                 return
             content_type = response.headers.get("content-type", "")
-            if body["stream"] and "text/event-stream" in content_type:
+            if stream and self._is_stream_response(content_type):
                 await self._read_stream(response, exchange, clock)
             else:
                 # Also the path of an engine that ignores stream=true and answers in JSON:
@@ -332,14 +377,14 @@ class OpenAIEngine:
                 exchange.streamed = False
                 raw = await read_capped(response, self.body_limit_bytes, clock)
                 clock.mark_first_byte()
-                self._read_completion(raw, exchange)
+                self._read_completion(raw, exchange, response.headers)
         finally:
             await response.aclose()
 
     async def _read_stream(
         self, response: httpx.Response, exchange: Exchange, clock: Stopwatch
     ) -> None:
-        reader = StreamReader(exchange)
+        reader = self._stream_reader(exchange)
         size = 0
         try:
             async for chunk in response.aiter_bytes():
@@ -356,7 +401,7 @@ class OpenAIEngine:
             # Even a cut stream keeps what arrived: a partial answer is evidence.
             reader.finish()
 
-    def _read_completion(self, raw: bytes, exchange: Exchange) -> None:
+    def _read_completion(self, raw: bytes, exchange: Exchange, headers: httpx.Headers) -> None:
         try:
             payload = json.loads(raw)
         except ValueError:
@@ -366,7 +411,7 @@ class OpenAIEngine:
                 f"2xx body is not JSON ({len(raw)} bytes): {raw[:120].decode('utf-8', 'replace')}"
             )
             return
-        parsed = parse_completion(payload)
+        parsed = self._parse_completion(payload, headers)
         exchange.prompt_tokens = parsed.prompt_tokens
         exchange.completion_tokens = parsed.completion_tokens
         exchange.finish_reason = parsed.finish_reason
@@ -416,19 +461,47 @@ class OpenAIEngine:
 
     # -- helper calls -----------------------------------------------------------------------
 
-    async def _post_json(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
-        """POST to the engine root; returns (status, parsed JSON or None). Transport failures
-        raise :class:`EngineCallError`."""
+    async def _post_json(
+        self, path: str, body: dict[str, Any], *, base: str | None = None
+    ) -> tuple[int, Any]:
+        """POST to the engine root (or ``base``); returns (status, parsed JSON or None).
+        Transport failures raise :class:`EngineCallError`."""
+        url = f"{self.root_url if base is None else base}{path}"
         limit = max(self.body_limit_bytes, TOKENIZE_BODY_LIMIT)
-        status, payload = await self._call("POST", f"{self.root_url}{path}", body, limit)
+        status, payload = await self._call("POST", url, body, limit)
         if status in (401, 403):
             # Not "no tokenize endpoint": the key is wrong, and that is what to report.
-            raise EngineAuthError(f"POST {self.root_url}{path}: HTTP {status}, credentials refused")
+            raise EngineAuthError(f"POST {url}: HTTP {status}, credentials refused")
         return status, payload
+
+    async def _discovery_call(
+        self, method: str, url: str, body: dict[str, Any] | None = None
+    ) -> tuple[int, Any, bytes]:
+        """A discovery request: (status, parsed JSON or None, raw body). 401/403 raise
+        :class:`EngineAuthError` (a config problem to report as such); transport failures
+        raise :class:`EngineCallError`."""
+        status, raw = await self._call_raw(method, url, body, self.body_limit_bytes)
+        if status in (401, 403):
+            raise EngineAuthError(f"{method} {url}: HTTP {status}, credentials refused")
+        try:
+            payload = json.loads(raw) if raw else None
+        except ValueError:
+            payload = None
+        return status, payload, raw
 
     async def _call(
         self, method: str, url: str, body: dict[str, Any] | None, limit: int
     ) -> tuple[int, Any]:
+        status, raw = await self._call_raw(method, url, body, limit)
+        try:
+            payload = json.loads(raw) if raw else None
+        except ValueError:
+            payload = None
+        return status, payload
+
+    async def _call_raw(
+        self, method: str, url: str, body: dict[str, Any] | None, limit: int
+    ) -> tuple[int, bytes]:
         try:
             async with asyncio.timeout(self.tokenize_timeout):
                 request = self._client.build_request(
@@ -446,11 +519,7 @@ class OpenAIEngine:
         except _TRANSPORT_FAILURES as exc:
             detail = describe_transport_error(exc, deadline=self.tokenize_timeout)
             raise EngineCallError(self._scrub(f"{method} {url}: {detail}")) from exc
-        try:
-            payload = json.loads(raw) if raw else None
-        except ValueError:
-            payload = None
-        return response.status_code, payload
+        return response.status_code, raw
 
     async def _tokenize_vllm_chat(self, messages: Sequence[Message]) -> int | None:
         status, payload = await self._post_json(

@@ -55,6 +55,18 @@ _MESSAGE_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
         # ... and "Requested token count exceeds the model's maximum context length of M
         # tokens. You requested a total of T tokens: ..."
         r"exceeds the model's maximum context length",
+        # SGLang scheduler limit (python/sglang/srt/managers/utils.py validate_input_length,
+        # raised as a 400 by the tokenizer manager's abort handling): "Input length (N
+        # tokens) exceeds the maximum allowed length (M tokens). Use a shorter input or
+        # enable --allow-auto-truncate." M is min(context_len, max_total_num_tokens) - 1, so
+        # this is also how a KV pool smaller than the window is enforced.
+        r"input length \(\d+ tokens\) exceeds the maximum allowed length",
+        # Anthropic Messages API, 400 invalid_request_error: "prompt is too long: 208310
+        # tokens > 200000 maximum" and "input length and `max_tokens` exceed context limit:
+        # 188240 + 21333 > 200000, decrease input length or `max_tokens` and try again"
+        # (docs.anthropic.com, "Errors" and "Context windows").
+        r"prompt is too long: \d+ tokens > \d+",
+        r"input length and `max_tokens` exceed context limit",
         # llama.cpp server (tools/server/server-context.cpp): "request (N tokens) exceeds the
         # available context size (M tokens), try increasing it" — matched by text too, for
         # proxies that keep the message but drop the type.
