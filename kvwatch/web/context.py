@@ -1,0 +1,27 @@
+"""What the web layer is given by the composition root."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from prometheus_client import CollectorRegistry
+
+from kvwatch.store.repository import Store
+from kvwatch.web.settings import WebSettings
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class WebContext:
+    store: Store
+    registry: CollectorRegistry
+    # Liveness is in-process only: is the scheduler still scheduling?
+    alive: Callable[[], bool]
+    settings: WebSettings = field(default_factory=WebSettings)
+    # "Now" for default windows (last 24 h, recently resolved); tests pass a fixed clock.
+    now: Callable[[], datetime] = utcnow

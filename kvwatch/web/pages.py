@@ -1,0 +1,194 @@
+"""Server-rendered pages for reviewing history: overview, endpoint, probe list, probe, alerts.
+
+Parameters arrive as text and are read here, so a bad one yields a readable 400 page rather
+than a JSON validation error.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+
+from kvwatch import __version__
+from kvwatch.canary.model import ProbeKind, Verdict
+from kvwatch.config import format_duration
+from kvwatch.store.queries import CursorError, HistoryQueries, ProbeFilter
+from kvwatch.web import svg
+from kvwatch.web.context import WebContext
+from kvwatch.web.params import RANGES, ParamError, parse_time, parse_window
+from kvwatch.web.tones import severity, tone, worst
+
+TEMPLATES = Path(__file__).parent / "templates"
+STRIP = 40  # probes in an overview status strip
+PAGE = 50  # probes per list page
+BUCKETS = 120  # slices of the endpoint timeline
+MAX_ID = 2**63 - 1
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f} s"
+
+
+def _tokens(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def build_templates() -> Jinja2Templates:
+    templates = Jinja2Templates(directory=str(TEMPLATES))
+    env = templates.env
+    env.globals.update(tone=tone, severity=severity, version=__version__, ranges=list(RANGES))
+    env.filters.update(when=_when, seconds=_seconds, tokens=_tokens)
+    return templates
+
+
+def build_pages(ctx: WebContext) -> APIRouter:
+    router = APIRouter(include_in_schema=False)
+    queries = HistoryQueries(ctx.store)
+    settings = ctx.settings
+    templates = build_templates()
+
+    def render(request: Request, name: str, status: int = 200, **values: Any) -> HTMLResponse:
+        return templates.TemplateResponse(request, name, values, status_code=status)
+
+    def problem(request: Request, status: int, message: str) -> HTMLResponse:
+        return render(request, "error.html", status, title=f"{status}", message=message)
+
+    @router.get("/", response_class=HTMLResponse)
+    def overview(request: Request) -> HTMLResponse:
+        rows = []
+        for o in queries.overview(recent=STRIP):
+            latest = {k.value: o.latest.get(k.value) for k in ProbeKind}
+            status = worst(tone(p.verdict, p.state) for p in o.latest.values())
+            rows.append({"o": o, "latest": latest, "status": status})
+        return render(request, "overview.html", title="Overview", rows=rows)
+
+    @router.get("/endpoints/{name}", response_class=HTMLResponse)
+    def endpoint(request: Request, name: str, range: str = "24h") -> HTMLResponse:
+        if range not in RANGES:
+            return problem(request, 400, f"range must be one of {', '.join(RANGES)}")
+        ep = queries.endpoint(name)
+        if ep is None:
+            return problem(request, 404, f"no endpoint named {name!r}")
+        until = ctx.now()
+        since = until - RANGES[range]
+        buckets = queries.timeline(name, since, until, BUCKETS)
+        page = queries.probes(ProbeFilter(endpoint=name), limit=PAGE)
+        return render(
+            request,
+            "endpoint.html",
+            title=name,
+            ep=ep,
+            range=range,
+            summary=queries.summary(name, since, until),
+            timeline=svg.timeline(buckets, BUCKETS, since, until),
+            tokens=svg.tokens(buckets, BUCKETS, since, until),
+            has_points=bool(buckets),
+            page=page,
+        )
+
+    @router.get("/probes", response_class=HTMLResponse)
+    def probes(
+        request: Request,
+        endpoint: str = "",
+        kind: str = "",
+        verdict: str = "",
+        since: str = "",
+        until: str = "",
+        before_id: str = "",
+    ) -> HTMLResponse:
+        form = {
+            "endpoint": endpoint,
+            "kind": kind,
+            "verdict": verdict,
+            "since": since,
+            "until": until,
+        }
+        try:
+            filters = _filters(form, ctx.now())
+            cursor = _cursor(before_id)
+            page = queries.probes(filters, limit=PAGE, before_id=cursor)
+        except (ParamError, CursorError) as exc:
+            return problem(request, 400, str(exc))
+        names = [e.name for e in queries.endpoints()]
+        return render(
+            request,
+            "probes.html",
+            title="Probes",
+            page=page,
+            form=form,
+            endpoints=names,
+            kinds=[k.value for k in ProbeKind],
+            verdicts=[v.value for v in Verdict],
+            query={k: v for k, v in form.items() if v},
+        )
+
+    @router.get("/probes/{probe_id}", response_class=HTMLResponse)
+    def probe(request: Request, probe_id: str) -> HTMLResponse:
+        pid = int(probe_id) if probe_id.isdigit() and 0 < int(probe_id) <= MAX_ID else None
+        row = None if pid is None else queries.probe(pid)
+        if pid is None or row is None:
+            return problem(request, 404, f"no probe {probe_id}")
+        return render(
+            request,
+            "probe.html",
+            title=f"Probe {row.id}",
+            p=row,
+            excerpt=settings.excerpt(row.answer_excerpt),
+            withheld=row.answer_excerpt is not None and not settings.answer_excerpts,
+            confirmations=queries.confirmations_of(row.id),
+        )
+
+    @router.get("/alerts", response_class=HTMLResponse)
+    def alerts(request: Request, resolved_within: str = "24h") -> HTMLResponse:
+        try:
+            span = parse_window(resolved_within, "resolved_within")
+        except ParamError as exc:
+            return problem(request, 400, str(exc))
+        listed = queries.alerts(ctx.store, ctx.now() - span)
+        return render(
+            request,
+            "alerts.html",
+            title="Alerts",
+            alerts=listed,
+            within=format_duration(span.total_seconds()),
+        )
+
+    return router
+
+
+def _filters(form: dict[str, str], now: datetime) -> ProbeFilter:
+    kind, verdict = form["kind"], form["verdict"]
+    if kind and kind not in {k.value for k in ProbeKind}:
+        raise ParamError(f"unknown kind {kind!r}; one of: {', '.join(k.value for k in ProbeKind)}")
+    if verdict and verdict not in {v.value for v in Verdict}:
+        raise ParamError(
+            f"unknown verdict {verdict!r}; one of: {', '.join(v.value for v in Verdict)}"
+        )
+    since = parse_time(form["since"], "since", now) if form["since"] else None
+    until = parse_time(form["until"], "until", now) if form["until"] else None
+    if since is not None and until is not None and since >= until:
+        raise ParamError("since must be before until")
+    return ProbeFilter(
+        endpoint=form["endpoint"] or None,
+        kind=kind or None,
+        verdict=verdict or None,
+        since=since,
+        until=until,
+    )
+
+
+def _cursor(text: str) -> int | None:
+    if not text:
+        return None
+    if not text.isdigit() or not 0 < int(text) <= MAX_ID:
+        raise ParamError(f"before_id {text!r} is not a probe id")
+    return int(text)

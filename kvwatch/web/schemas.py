@@ -1,0 +1,266 @@
+"""The JSON shapes of the API (``/api/v1``), as pydantic models so the OpenAPI document is
+exact, and the conversions from store records to them.
+
+``kvwatch show --output json`` prints the same :class:`Probe` shape.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvwatch.store.queries import EndpointOverview, ProbeBrief, Summary
+from kvwatch.store.records import AlertStateRecord, ProbeRow
+from kvwatch.web.settings import WebSettings
+from kvwatch.web.tones import severity, tone, worst
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Error(_Model):
+    detail: str = Field(description="What was wrong with the request, as a sentence.")
+
+
+class ProbeSummary(_Model):
+    id: int
+    kind: str
+    state: str = Field(description="running | done | interrupted")
+    verdict: str | None
+    tone: str = Field(description="Colour class: ok, critical, warning, error, muted, pending.")
+    started_at: datetime
+    duration_seconds: float | None
+    url: str = Field(description="The probe's permalink page.")
+
+
+class Endpoint(_Model):
+    name: str
+    url: str
+    flavour: str
+    model: str
+    context_window: int | None
+    kv_pool_tokens: int | None
+    labels: dict[str, str]
+    tone: str = Field(description="The most alarming tone among the latest probes.")
+    latest: dict[str, ProbeSummary] = Field(
+        description="The latest finished probe of each kind (under, over, baseline)."
+    )
+
+
+class ForeignMarker(_Model):
+    marker: str = Field(description="The marker as it was issued to the other probe.")
+    probe_id: int = Field(description="The probe the marker was issued to (it leaked from).")
+    endpoint: str
+    issued_at: datetime
+    url: str
+
+
+class Probe(_Model):
+    id: int
+    url: str
+    endpoint: str
+    kind: str
+    state: str
+    verdict: str | None
+    severity: str | None = Field(description="critical | warning | none (DESIGN §2).")
+    tone: str
+    reason: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    replica: str
+    model: str
+    planned_prompt_tokens: int
+    target_prompt_tokens: int
+    reported_prompt_tokens: int | None
+    completion_tokens: int | None
+    max_tokens: int
+    token_source: str
+    tokenize_calls: int
+    marker: str
+    marker_depth: float
+    marker_found: bool | None
+    foreign_markers: list[ForeignMarker]
+    http_status: int | None
+    finish_reason: str | None
+    streamed: bool
+    answer_excerpt: str | None = Field(
+        description="Bounded excerpt of the answer; null when withheld by configuration."
+    )
+    answer_excerpt_withheld: bool = Field(
+        description="True when an excerpt is stored but configuration withholds it."
+    )
+    error_body: str | None
+    error_detail: str | None
+    ttfb_seconds: float | None
+    duration_seconds: float | None
+    confirms_probe_id: int | None
+    confirmed_by: list[int] = Field(description="Ids of the probes run to confirm this one.")
+
+
+class ProbePage(_Model):
+    probes: list[Probe]
+    next: int | None = Field(
+        description="Pass as before_id to fetch the next (older) page; null on the last page."
+    )
+
+
+class Alert(_Model):
+    alertname: str
+    endpoint: str
+    probe: str
+    state: str = Field(description="pending | firing | resolved")
+    severity: str
+    starts_at: datetime | None
+    ends_at: datetime | None
+    updated_at: datetime
+    failures: int
+    last_probe_id: int | None
+    last_probe_url: str | None
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    generator_url: str | None
+
+
+class Alerts(_Model):
+    alerts: list[Alert]
+
+
+class EndpointSummary(_Model):
+    endpoint: str
+    since: datetime
+    until: datetime
+    total: int = Field(description="Probes started in the window, in any state.")
+    finished: int
+    running: int
+    interrupted: int
+    verdicts: dict[str, int] = Field(description="Finished probes per verdict.")
+    pass_rate: float | None = Field(description="pass / finished; null without finished probes.")
+    p50_duration_seconds: float | None
+    p95_duration_seconds: float | None
+    prompt_tokens: int = Field(description="Prompt tokens the engine reported using.")
+    completion_tokens: int
+    tokens_spent: int = Field(description="prompt_tokens + completion_tokens.")
+
+
+def probe_path(settings: WebSettings, probe_id: int) -> str:
+    base = (settings.external_url or "").rstrip("/")
+    return f"{base}/probes/{probe_id}"
+
+
+def probe_summary(settings: WebSettings, p: ProbeBrief) -> ProbeSummary:
+    return ProbeSummary(
+        id=p.id,
+        kind=p.kind,
+        state=p.state,
+        verdict=p.verdict,
+        tone=tone(p.verdict, p.state),
+        started_at=p.started_at,
+        duration_seconds=p.duration_seconds,
+        url=probe_path(settings, p.id),
+    )
+
+
+def endpoint(settings: WebSettings, o: EndpointOverview) -> Endpoint:
+    ep = o.endpoint
+    latest = {kind: probe_summary(settings, p) for kind, p in o.latest.items()}
+    return Endpoint(
+        name=ep.name,
+        url=ep.url,
+        flavour=ep.flavour,
+        model=ep.model,
+        context_window=ep.context_window,
+        kv_pool_tokens=ep.kv_pool_tokens,
+        labels=ep.labels,
+        tone=worst(p.tone for p in latest.values()),
+        latest=latest,
+    )
+
+
+def probe(settings: WebSettings, r: ProbeRow, confirmed_by: list[int]) -> Probe:
+    shown = settings.excerpt(r.answer_excerpt)
+    return Probe(
+        id=r.id,
+        url=probe_path(settings, r.id),
+        endpoint=r.endpoint,
+        kind=r.kind,
+        state=r.state.value,
+        verdict=r.verdict,
+        severity=severity(r.verdict),
+        tone=tone(r.verdict, r.state.value),
+        reason=r.reason,
+        started_at=r.started_at,
+        finished_at=r.finished_at,
+        replica=r.replica,
+        model=r.model,
+        planned_prompt_tokens=r.planned_prompt_tokens,
+        target_prompt_tokens=r.target_prompt_tokens,
+        reported_prompt_tokens=r.reported_prompt_tokens,
+        completion_tokens=r.completion_tokens,
+        max_tokens=r.max_tokens,
+        token_source=r.token_source,
+        tokenize_calls=r.tokenize_calls,
+        marker=r.marker,
+        marker_depth=r.marker_depth,
+        marker_found=r.marker_found,
+        foreign_markers=[
+            ForeignMarker(
+                marker=f.marker,
+                probe_id=f.probe_id,
+                endpoint=f.endpoint,
+                issued_at=f.issued_at,
+                url=probe_path(settings, f.probe_id),
+            )
+            for f in r.foreign_markers
+        ],
+        http_status=r.http_status,
+        finish_reason=r.finish_reason,
+        streamed=r.streamed,
+        answer_excerpt=shown,
+        answer_excerpt_withheld=r.answer_excerpt is not None and shown is None,
+        error_body=r.error_body,
+        error_detail=r.error_detail,
+        ttfb_seconds=r.ttfb_seconds,
+        duration_seconds=r.duration_seconds,
+        confirms_probe_id=r.confirms_probe_id,
+        confirmed_by=confirmed_by,
+    )
+
+
+def alert(settings: WebSettings, a: AlertStateRecord) -> Alert:
+    return Alert(
+        alertname=a.alertname,
+        endpoint=a.endpoint,
+        probe=a.probe,
+        state=a.state,
+        severity=a.severity,
+        starts_at=a.starts_at,
+        ends_at=a.ends_at,
+        updated_at=a.updated_at,
+        failures=a.failures,
+        last_probe_id=a.last_probe_id,
+        last_probe_url=None if a.last_probe_id is None else probe_path(settings, a.last_probe_id),
+        labels=a.labels,
+        annotations=a.annotations,
+        generator_url=a.generator_url,
+    )
+
+
+def summary(s: Summary) -> EndpointSummary:
+    return EndpointSummary(
+        endpoint=s.endpoint,
+        since=s.since,
+        until=s.until,
+        total=s.total,
+        finished=s.finished,
+        running=s.running,
+        interrupted=s.interrupted,
+        verdicts=s.verdicts,
+        pass_rate=s.pass_rate,
+        p50_duration_seconds=s.p50_duration_seconds,
+        p95_duration_seconds=s.p95_duration_seconds,
+        prompt_tokens=s.prompt_tokens,
+        completion_tokens=s.completion_tokens,
+        tokens_spent=s.prompt_tokens + s.completion_tokens,
+    )
