@@ -1,0 +1,91 @@
+"""SGLang: the OpenAI-compatible API plus its server info (window, KV pool, scheduler limit).
+
+Sources: ``GET /v1/models`` cards carry ``max_model_len = model_config.context_len``
+(python/sglang/srt/entrypoints/http_server.py ``available_models``). ``GET /get_server_info``
+(``/server_info`` in newer releases, same handler) returns the server args (``context_length``,
+null unless set), merged with the scheduler's init info: ``max_total_num_tokens`` (the KV
+pool in tokens) and ``max_req_input_len = min(context_len - 1, max_total_num_tokens - 1)``
+(python/sglang/srt/managers/scheduler.py ``get_init_info``). A prompt of at least
+``max_req_input_len`` tokens is aborted with a 400 "Input length (N tokens) exceeds the maximum
+allowed length (M tokens)" unless ``--allow-auto-truncate`` is set, in which case it is
+silently cut (python/sglang/srt/managers/utils.py ``validate_input_length``) — the edge probe
+catches that as ``truncated``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from kvwatch.canary.sizing import AcceptanceRule
+from kvwatch.engines.base import Discovery
+from kvwatch.engines.http import DEFAULT_BODY_LIMIT
+from kvwatch.engines.openai import EngineCallError, OpenAIEngine
+
+SERVER_INFO_PATHS = ("/get_server_info", "/server_info")
+
+
+def _positive(value: Any) -> int | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return value if ok else None
+
+
+class SGLangEngine(OpenAIEngine):
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str | None,
+        body_limit_bytes: int = DEFAULT_BODY_LIMIT,
+        **options: Any,
+    ) -> None:
+        # TokenizerManager rejects input >= context_len ("is longer than the model's context
+        # length") and input + max_new_tokens > context_len ("Requested token count exceeds
+        # the model's maximum context length"): prompt + max_tokens <= window.
+        super().__init__(
+            client,
+            base_url=base_url,
+            model=model,
+            api_key=api_key,
+            body_limit_bytes=body_limit_bytes,
+            rule=AcceptanceRule.PROMPT_PLUS_MAX_TOKENS,
+            flavour="sglang",
+            **options,
+        )
+
+    async def discover(self) -> Discovery:
+        models = await super().discover()
+        notes = [models.detail] if models.detail else []
+        info: dict[str, Any] | None = None
+        for path in SERVER_INFO_PATHS:
+            try:
+                status, payload, _ = await self._discovery_call("GET", f"{self.root_url}{path}")
+            except EngineCallError as exc:
+                notes.append(str(exc))
+                break
+            if status == 200 and isinstance(payload, dict):
+                info = payload
+                break
+            notes.append(f"GET {path} answered {status}")
+        if info is None:
+            return Discovery(
+                context_window=models.context_window,
+                model=models.model,
+                detail="; ".join(notes) or None,
+            )
+        pool = _positive(info.get("max_total_num_tokens"))
+        window = models.context_window or _positive(info.get("context_length"))
+        limit = _positive(info.get("max_req_input_len"))
+        if limit is not None:
+            notes.append(f"scheduler admits prompts below {limit} tokens (max_req_input_len)")
+        if pool is None:
+            notes.append("server info reports no max_total_num_tokens")
+        return Discovery(
+            context_window=window,
+            kv_pool_tokens=pool,
+            model=models.model,
+            detail="; ".join(notes) or None,
+        )

@@ -1,0 +1,98 @@
+"""vLLM: the OpenAI-compatible API plus what vLLM says about its window and its KV pool.
+
+Sources: ``ModelCard.max_model_len`` on ``GET /v1/models`` (vllm/entrypoints/openai/protocol.py);
+``vllm:cache_config_info`` on ``GET /metrics``, an info gauge whose labels are the fields of
+``CacheConfig`` stringified, among them ``block_size`` and ``num_gpu_blocks``
+(vllm/v1/metrics/loggers.py ``log_metrics_info("cache_config", ...)``,
+vllm/config/cache.py ``metrics_info``). The pool is ``num_gpu_blocks * block_size`` tokens;
+with several engines (data parallel) each has its own pool and the smallest binds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvwatch.canary.sizing import AcceptanceRule
+from kvwatch.engines.base import Discovery
+from kvwatch.engines.http import DEFAULT_BODY_LIMIT
+from kvwatch.engines.openai import EngineCallError, OpenAIEngine
+
+CACHE_CONFIG_METRIC = "vllm:cache_config_info"
+
+
+def kv_pool_from_metrics(text: str) -> tuple[int | None, str | None]:
+    """(pool tokens, why not) from a Prometheus exposition. Pure."""
+    pools: list[int] = []
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name not in (
+                    CACHE_CONFIG_METRIC,
+                    CACHE_CONFIG_METRIC.removesuffix("_info"),
+                ):
+                    continue
+                blocks = _label_int(sample.labels, "num_gpu_blocks")
+                size = _label_int(sample.labels, "block_size")
+                if blocks is not None and size is not None:
+                    pools.append(blocks * size)
+    except ValueError as exc:  # not a Prometheus exposition at all
+        return None, f"GET /metrics is not Prometheus text: {exc}"
+    if not pools:
+        return None, f"GET /metrics has no {CACHE_CONFIG_METRIC} with num_gpu_blocks and block_size"
+    return min(pools), None
+
+
+def _label_int(labels: dict[str, str], key: str) -> int | None:
+    # Labels are str() of the config fields: "None" before the KV cache is profiled.
+    value = labels.get(key, "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+class VLLMEngine(OpenAIEngine):
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str | None,
+        body_limit_bytes: int = DEFAULT_BODY_LIMIT,
+        **options: Any,
+    ) -> None:
+        # vLLM rejects prompt + max_tokens > max_model_len
+        # (vllm/entrypoints/openai/serving_engine.py _validate_input, later renderers).
+        super().__init__(
+            client,
+            base_url=base_url,
+            model=model,
+            api_key=api_key,
+            body_limit_bytes=body_limit_bytes,
+            rule=AcceptanceRule.PROMPT_PLUS_MAX_TOKENS,
+            flavour="vllm",
+            tokenize_shape="vllm",
+            **options,
+        )
+
+    async def discover(self) -> Discovery:
+        models = await super().discover()
+        try:
+            status, _, raw = await self._discovery_call("GET", f"{self.root_url}/metrics")
+        except EngineCallError as exc:
+            return _merge(models, None, str(exc))
+        if status != 200:
+            return _merge(models, None, f"GET /metrics answered {status}")
+        pool, why = kv_pool_from_metrics(raw.decode("utf-8", errors="replace"))
+        return _merge(models, pool, why)
+
+
+def _merge(models: Discovery, pool: int | None, why: str | None) -> Discovery:
+    detail = "; ".join(d for d in (models.detail, why) if d) or None
+    return Discovery(
+        context_window=models.context_window,
+        kv_pool_tokens=pool,
+        model=models.model,
+        detail=detail,
+    )
