@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("planner",)
+BENCHMARKS = ("planner", "history")
 
 
 def main(argv: list[str]) -> int:
