@@ -64,6 +64,10 @@ def _authorised(state: EndpointState, request: Request) -> bool:
     key = state.spec.api_key
     if key is None:
         return True
+    if state.spec.flavour is Flavour.ANTHROPIC:
+        # Anthropic authenticates with x-api-key, not a bearer token.
+        given_key = request.headers.get("x-api-key", "")
+        return hmac.compare_digest(given_key.encode(), key.encode())
     given = request.headers.get("authorization", "")
     return hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
 
@@ -252,6 +256,20 @@ async def tokenize(request: Request) -> Response:
         return JSONResponse(errors.unauthorized(), 401)
     try:
         body = await _json_object(request)
+        if "inputs" in body:  # TGI: a list of {id, text, start, stop}, special tokens included
+            inputs = body["inputs"]
+            if not isinstance(inputs, str):
+                raise _BadRequest("inputs must be a string", "inputs")
+            state.stats.tokenize_calls += 1
+            offsets, start = [], 0
+            for piece, token_id in zip(
+                tokenizer.tokenize(inputs), tokenizer.token_ids(inputs), strict=True
+            ):
+                offsets.append(
+                    {"id": token_id, "text": piece, "start": start, "stop": start + len(piece)}
+                )
+                start += len(piece)
+            return JSONResponse(offsets)
         if "content" in body:  # llama.cpp
             content = body["content"]
             if not isinstance(content, str):
@@ -351,8 +369,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def build_app(simulation: Simulation) -> Starlette:
+    # Imported here: the engine-specific routes reuse this module's request helpers.
+    from kvwatch.simulator import native
+
     app = Starlette(
         routes=[
+            *native.routes(),
             Route("/_sim/stats", stats, methods=["GET"]),
             Route("/{name}/_sim/fault", set_fault, methods=["PUT"]),
             Route("/{name}/v1/models", models, methods=["GET"]),

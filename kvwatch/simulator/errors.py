@@ -46,6 +46,20 @@ _OPENAI_TYPES = {
 }
 
 
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    500: "api_error",
+}
+
+
+def context_status(flavour: Flavour) -> int:
+    """The status of a context-length rejection: TGI's validation errors are 422."""
+    return 422 if flavour is Flavour.TGI else 400
+
+
 def _type(types: dict[int, str], status: int) -> str:
     return types.get(status, types[400] if status < 500 else types[500])
 
@@ -54,6 +68,20 @@ def error_body(
     flavour: Flavour, status: int, message: str, *, param: str | None = None
 ) -> ErrorBody:
     """A generic error of ``status`` in the flavour's envelope."""
+    if flavour is Flavour.SGLANG:
+        # python/sglang/srt/entrypoints/openai/protocol.py ErrorResponse.
+        kind = _type(_VLLM_TYPES, status)
+        return {"object": "error", "message": message, "type": kind, "param": param, "code": status}
+    if flavour is Flavour.TGI:
+        # router/src/lib.rs ErrorResponse{error, error_type}.
+        return {"error": message, "error_type": "validation" if status < 500 else "generation"}
+    if flavour is Flavour.OLLAMA:
+        return {"error": message}
+    if flavour is Flavour.ANTHROPIC:
+        return {
+            "type": "error",
+            "error": {"type": _type(_ANTHROPIC_TYPES, status), "message": message},
+        }
     if flavour is Flavour.LLAMACPP:
         return {
             "error": {"code": status, "message": message, "type": _type(_LLAMACPP_TYPES, status)}
@@ -80,7 +108,35 @@ def error_body(
 def context_length_error(
     flavour: Flavour, *, window: int, prompt_tokens: int, max_tokens: int | None
 ) -> ErrorBody:
-    """The 400 body each engine sends when a request does not fit its context window."""
+    """The body each engine sends when a request does not fit its context window."""
+    if flavour is Flavour.SGLANG:
+        if max_tokens is None or prompt_tokens >= window:
+            message = (
+                f"The input ({prompt_tokens} tokens) is longer than the model's context "
+                f"length ({window} tokens)."
+            )
+        else:
+            message = (
+                "Requested token count exceeds the model's maximum context length of "
+                f"{window} tokens. You requested a total of {prompt_tokens + max_tokens} "
+                f"tokens: {prompt_tokens} tokens from the input messages and {max_tokens} "
+                "tokens for the completion. Please reduce the number of tokens in the input "
+                "messages or the completion to fit within the limit."
+            )
+        return error_body(flavour, 400, message)
+    if flavour is Flavour.TGI:
+        return error_body(
+            flavour,
+            422,
+            f"Input validation error: `inputs` tokens + `max_new_tokens` must be <= {window}. "
+            f"Given: {prompt_tokens} `inputs` tokens and {max_tokens or 0} `max_new_tokens`",
+        )
+    if flavour is Flavour.ANTHROPIC:
+        return error_body(
+            flavour,
+            400,
+            f"prompt is too long: {prompt_tokens + (max_tokens or 0)} tokens > {window} maximum",
+        )
     if flavour is Flavour.LLAMACPP:
         return {
             "error": {
@@ -158,3 +214,14 @@ def rate_limited(retry_after: int) -> ErrorBody:
             "code": "rate_limit_exceeded",
         }
     }
+
+
+def pool_limit_error(*, limit: int, prompt_tokens: int) -> ErrorBody:
+    """SGLang's scheduler abort for a prompt of at least ``max_req_input_len`` tokens
+    (python/sglang/srt/managers/utils.py validate_input_length), sent as a 400."""
+    return error_body(
+        Flavour.SGLANG,
+        400,
+        f"Input length ({prompt_tokens} tokens) exceeds the maximum allowed length ({limit} "
+        "tokens). Use a shorter input or enable --allow-auto-truncate.",
+    )

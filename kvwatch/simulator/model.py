@@ -26,6 +26,18 @@ NOT_FOUND = "I could not find a code in the text."
 PAGE_TOKENS = 256
 MAX_PAGES = 64
 RETRY_AFTER_SECONDS = 7
+# Tokens Ollama's runner keeps from the head of a truncated prompt (num_keep).
+OLLAMA_KEEP = 4
+# Faults that replace SGLang's scheduler limit with the failure they simulate.
+_NO_POOL_GUARD = frozenset(
+    {
+        FaultMode.STALE_KV,
+        FaultMode.TRUNCATE_HEAD,
+        FaultMode.TRUNCATE_TAIL,
+        FaultMode.STREAM_ERROR_FRAME,
+        FaultMode.ACCEPT_OVER_LIMIT,
+    }
+)
 # What a swapped-out prompt becomes: one token, which holds nothing worth recalling.
 PLACEHOLDER_TOKENS = 1
 
@@ -75,6 +87,11 @@ class ChatRequest:
     messages: tuple[Message, ...]
     max_tokens: int | None
     stream: bool
+    # A raw prompt (completions, TGI /generate) is read as is, without the chat template.
+    raw_prompt: str | None = None
+
+    def prompt_text(self) -> str:
+        return render_chat(self.messages) if self.raw_prompt is None else self.raw_prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +181,8 @@ def recall(attended: str, *, can_recall: bool = True) -> str:
 
 def _over_window(flavour: Flavour, window: int, prompt: int, max_tokens: int | None) -> bool:
     """The engine's own admission rule (DESIGN §1)."""
+    if flavour is Flavour.OLLAMA:
+        return False  # Ollama never refuses: it truncates (see decide)
     if flavour is Flavour.LLAMACPP or max_tokens is None:
         # llama.cpp rejects prompt >= n_ctx whatever max_tokens says; vLLM does the same when
         # no max_tokens is given (the answer would have no room).
@@ -217,7 +236,7 @@ def decide(spec: SimEndpoint, fault: FaultMode, pool: KVPagePool, request: ChatR
     if fault is FaultMode.SERVER_ERROR:
         return Reject(500, errors.error_body(flavour, 500, "Internal server error"))
 
-    prompt_text = render_chat(request.messages)
+    prompt_text = request.prompt_text()
     sent = tokenizer.count(prompt_text)
     window, pool_tokens, max_tokens = spec.window, spec.pool_tokens, request.max_tokens
 
@@ -226,7 +245,7 @@ def decide(spec: SimEndpoint, fault: FaultMode, pool: KVPagePool, request: ChatR
         if fault is FaultMode.WRONG_STATUS:
             return Reject(500, errors.error_body(flavour, 500, "Internal server error"))
         return Reject(
-            400,
+            errors.context_status(flavour),
             errors.context_length_error(
                 flavour, window=window, prompt_tokens=sent, max_tokens=max_tokens
             ),
@@ -240,6 +259,25 @@ def decide(spec: SimEndpoint, fault: FaultMode, pool: KVPagePool, request: ChatR
             errors.context_length_error(
                 flavour, window=pool_tokens, prompt_tokens=sent, max_tokens=max_tokens
             ),
+        )
+
+    if flavour is Flavour.SGLANG and fault not in _NO_POOL_GUARD:
+        # SGLang's scheduler admits prompts below max_req_input_len only.
+        max_req_input_len = min(window, pool_tokens) - 1
+        if sent >= max_req_input_len:
+            return Reject(400, errors.pool_limit_error(limit=max_req_input_len, prompt_tokens=sent))
+    if flavour is Flavour.OLLAMA and sent >= window:
+        # The runner keeps the first OLLAMA_KEEP tokens and the tail: the marker is gone.
+        head = prompt_text[: tokenizer.char_offset(prompt_text, OLLAMA_KEEP)]
+        tail = prompt_text[tokenizer.char_offset(prompt_text, sent - (window - OLLAMA_KEEP)) :]
+        kept = head + tail
+        return _answer(
+            kept,
+            limit=max_tokens or 1,
+            can_recall=fault is not FaultMode.NO_RECALL,
+            prompt_tokens=window,
+            prefilled_tokens=window,
+            prefilled_text=kept,
         )
 
     limit = _answer_limit(flavour, window, sent, max_tokens)

@@ -46,6 +46,18 @@ class Flavour(enum.StrEnum):
     LLAMACPP = "llamacpp"
     # Rejects prompt + max_tokens > window with a 400 context_length_exceeded.
     OPENAI = "openai"
+    # Rejects prompt + max_tokens > window, and (its scheduler limit) any prompt of at least
+    # min(window, kv_pool) - 1 tokens, with a 400; serves /get_server_info.
+    SGLANG = "sglang"
+    # Rejects prompt + max_tokens > window with a 422 validation error; serves /info and the
+    # native /generate API.
+    TGI = "tgi"
+    # Never rejects: a prompt of window tokens or more is cut to its first 4 and last tokens
+    # (Ollama's runner); serves /api/chat, /api/show, /api/ps.
+    OLLAMA = "ollama"
+    # Rejects prompt + max_tokens > window with a 400 "prompt is too long"; serves
+    # /v1/messages and /v1/messages/count_tokens.
+    ANTHROPIC = "anthropic"
 
 
 ReportUsage = Literal["attended", "sent"]
