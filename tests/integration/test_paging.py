@@ -1,0 +1,185 @@
+"""Paging end to end: simulator faults → verdicts → alert states → a real Alertmanager.
+
+Probes are driven by hand (not by the scheduler) so each test is deterministic; everything
+else is the daemon's own wiring from ``kvwatch.daemon.build``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvwatch.canary.model import ProbeKind, Verdict
+from kvwatch.config import Config
+from kvwatch.daemon import Built, build
+from kvwatch.simulator.server import run_simulator
+from kvwatch.simulator.spec import FaultMode, SimEndpoint
+from tests.helpers.alertmanager import AlertmanagerProcess, RecordingServer, running_alertmanager
+from tests.helpers.targets import config_for, sim_endpoint_entry
+
+UNDER, BASE = ProbeKind.UNDER, ProbeKind.BASELINE
+LEAK_OR_CONTEXT = {"KVWatchCrossRequestLeak", "KVWatchContextNotHonored"}
+
+
+@pytest.fixture
+def webhook() -> Iterator[RecordingServer]:
+    with RecordingServer() as server:
+        yield server
+
+
+@pytest.fixture
+def alertmanager(webhook: RecordingServer) -> Iterator[AlertmanagerProcess]:
+    yield from running_alertmanager(webhook.url)
+
+
+def paging_config(sim: Any, db_url: str, am: AlertmanagerProcess, replica: str) -> Config:
+    return config_for(
+        [sim_endpoint_entry(sim, "ep")],
+        database=db_url,
+        replica=replica,
+        alertmanager={"urls": [am.url], "resend_interval": "1s"},
+    )
+
+
+@contextlib.asynccontextmanager
+async def kvwatch(config: Config) -> AsyncIterator[Built]:
+    """The daemon's objects with alert delivery running, torn down afterwards."""
+    built = await build(config)
+    assert built.delivery is not None
+    task = asyncio.create_task(built.delivery.run())
+    try:
+        yield built
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await built.delivery.aclose()
+        await built.client.aclose()
+        built.store.engine.dispose()
+
+
+async def probe(built: Built, kind: ProbeKind) -> list[Verdict]:
+    return [r.verdict for r in await built.runner.run_checked(built.targets[0], kind)]
+
+
+async def eventually(what: str, check: Any, timeout: float = 20.0) -> Any:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = await asyncio.to_thread(check)
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+def active(am: AlertmanagerProcess) -> list[dict[str, Any]]:
+    return [a for a in am.alerts() if a["status"]["state"] == "active"]
+
+
+def notified(webhook: RecordingServer, status: str) -> list[dict[str, Any]]:
+    return [
+        alert
+        for body in webhook.bodies()
+        if isinstance(body, dict)
+        for alert in body.get("alerts", [])
+        if alert.get("status") == status
+    ]
+
+
+FLEET = [SimEndpoint("ep", window=8192, kv_pool=6144)]
+
+
+async def test_stale_kv_pages_through_alertmanager_and_recovery_resolves_it(
+    db_url, alertmanager, webhook
+):
+    """stale_kv fires a leak/context alert visible in Alertmanager and at the webhook;
+    switching the fault off resolves it."""
+    async with (
+        run_simulator(FLEET) as sim,
+        kvwatch(paging_config(sim, db_url, alertmanager, "a")) as kv,
+    ):
+        assert await probe(kv, BASE) == [Verdict.PASS]
+        sim.set_fault("ep", FaultMode.STALE_KV)
+        verdicts = await probe(kv, UNDER)
+        assert verdicts[0] in {Verdict.FOREIGN_MARKER, Verdict.TRUNCATED}
+        assert len(verdicts) == 2  # the confirmation probe ran at once
+
+        alerts = await eventually("the page in Alertmanager", lambda: active(alertmanager))
+        assert {a["labels"]["alertname"] for a in alerts} <= LEAK_OR_CONTEXT
+        labels = alerts[0]["labels"]
+        assert labels["endpoint"] == "ep" and labels["probe"] == "under"
+        assert labels["severity"] == "critical" and labels["model"] == "sim-1"
+        assert "replica" not in labels
+        assert alerts[0]["generatorURL"].endswith(f"/probes/{kv.store.list_probes()[0].id}")
+        assert "runbook_url" in alerts[0]["annotations"]
+        await eventually("the webhook notification", lambda: notified(webhook, "firing"))
+
+        sim.set_fault("ep", FaultMode.HEALTHY)
+        assert await probe(kv, UNDER) == [Verdict.PASS]
+        assert await probe(kv, UNDER) == [Verdict.PASS]
+        await eventually("the alert to resolve", lambda: not active(alertmanager))
+        await eventually("the resolved notification", lambda: notified(webhook, "resolved"))
+
+
+async def test_a_restarted_alertmanager_gets_the_firing_alert_back_and_the_resolution(
+    db_url, alertmanager, webhook
+):
+    """Alertmanager keeps no alerts across a restart: kvwatch's re-sends restore them."""
+    async with (
+        run_simulator(FLEET) as sim,
+        kvwatch(paging_config(sim, db_url, alertmanager, "a")) as kv,
+    ):
+        sim.set_fault("ep", FaultMode.ACCEPT_OVER_LIMIT)
+        assert (await probe(kv, ProbeKind.OVER))[-1] is Verdict.OVER_ACCEPTED
+        first = await eventually("the page", lambda: active(alertmanager))
+        alertmanager.stop()
+        await asyncio.sleep(3)  # kvwatch keeps trying while it is down
+        alertmanager.start()
+        again = await eventually("the page again after restart", lambda: active(alertmanager))
+        assert again[0]["labels"] == first[0]["labels"]
+        assert again[0]["startsAt"] == first[0]["startsAt"]
+
+        sim.set_fault("ep", FaultMode.HEALTHY)
+        for _ in range(2):
+            assert await probe(kv, ProbeKind.OVER) == [Verdict.PASS]
+        await eventually("the resolution after restart", lambda: not active(alertmanager))
+
+
+async def test_two_kvwatch_instances_on_one_endpoint_make_one_alert(
+    tmp_path: Path, alertmanager, webhook
+):
+    """Stable labels (no replica identity) let Alertmanager merge both instances' pages."""
+    async with run_simulator(FLEET) as sim:
+        sim.set_fault("ep", FaultMode.ACCEPT_OVER_LIMIT)
+        a_cfg = paging_config(sim, f"sqlite:///{tmp_path / 'a.db'}", alertmanager, "a")
+        b_cfg = paging_config(sim, f"sqlite:///{tmp_path / 'b.db'}", alertmanager, "b")
+        async with kvwatch(a_cfg) as a, kvwatch(b_cfg) as b:
+            await probe(a, ProbeKind.OVER)
+            await probe(b, ProbeKind.OVER)
+            await eventually("the page", lambda: active(alertmanager))
+            await asyncio.sleep(2.5)  # both have re-sent by now
+            alerts = active(alertmanager)
+            assert len(alerts) == 1, alerts
+
+
+@pytest.mark.timeout(900)  # 600 probes; minutes on a loaded 2-core machine
+async def test_a_healthy_endpoint_over_200_cycles_raises_no_alert(db_url, alertmanager, webhook):
+    """200 cycles of under, over and baseline against a healthy engine: no alert, no page."""
+    fleet = [SimEndpoint("ep", window=4096)]
+    async with (
+        run_simulator(fleet) as sim,
+        kvwatch(paging_config(sim, db_url, alertmanager, "a")) as kv,
+    ):
+        for _ in range(200):
+            for kind in (UNDER, ProbeKind.OVER, BASE):
+                assert await probe(kv, kind) == [Verdict.PASS]
+        states = kv.store.load_alert_states()
+        assert [s for s in states if s.state != "inactive"] == []
+        await asyncio.sleep(1.5)
+        assert active(alertmanager) == []
+        assert webhook.bodies() == []
