@@ -77,7 +77,19 @@ class Probe(Base):
         Index(None, "started_at"),
         # History review (migration 0002): one endpoint's probes newest first, all kinds or
         # one verdict; the confirmations of a probe.
-        Index(None, "endpoint", "started_at", "id"),
+        Index(
+            "ix_probes_history",
+            "endpoint",
+            "started_at",
+            "id",
+            "state",
+            "kind",
+            "verdict",
+            "duration_seconds",
+            "planned_prompt_tokens",
+            "reported_prompt_tokens",
+            "completion_tokens",
+        ),
         Index(None, "endpoint", "verdict", "started_at", "id"),
         Index(None, "confirms_probe_id"),
         # Ids are permalinks (/probes/{id}): SQLite must never hand out a pruned id again.

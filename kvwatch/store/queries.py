@@ -151,12 +151,27 @@ class HistoryQueries:
             endpoints = [
                 _endpoint(row) for row in c.execute(select(Endpoint).order_by(Endpoint.name))
             ]
-            # A few short index walks per endpoint instead of one GROUP BY over all history:
-            # the number of endpoints is small, the history is not.
+            # Short index walks per endpoint instead of one GROUP BY over all history: the
+            # number of endpoints is small, the history is not. The latest probe of each kind
+            # is nearly always among the newest few; only a kind missing there is looked up.
             result = []
             for ep in endpoints:
+                strip = [
+                    _brief_row(r)
+                    for r in c.execute(
+                        _brief()
+                        .where(Probe.endpoint == ep.name)
+                        .order_by(Probe.started_at.desc(), Probe.id.desc())
+                        .limit(max(recent, 4 * len(ProbeKind)))
+                    )
+                ]
                 latest: dict[str, ProbeBrief] = {}
+                for p in strip:
+                    if p.state == ProbeState.DONE.value:
+                        latest.setdefault(p.kind, p)
                 for kind in ProbeKind:
+                    if kind.value in latest:
+                        continue
                     row = c.execute(
                         _brief()
                         .where(
@@ -169,17 +184,8 @@ class HistoryQueries:
                     ).first()
                     if row is not None:
                         latest[kind.value] = _brief_row(row)
-                strip = c.execute(
-                    _brief()
-                    .where(Probe.endpoint == ep.name)
-                    .order_by(Probe.started_at.desc(), Probe.id.desc())
-                    .limit(recent)
-                )
-                result.append(
-                    EndpointOverview(
-                        endpoint=ep, latest=latest, recent=[_brief_row(r) for r in strip]
-                    )
-                )
+                ordered = {k.value: latest[k.value] for k in ProbeKind if k.value in latest}
+                result.append(EndpointOverview(endpoint=ep, latest=ordered, recent=strip[:recent]))
             return result
 
     # -- probes ---------------------------------------------------------------------------
