@@ -288,6 +288,23 @@ def results(
             click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
+@main.command()
+@config_option
+def prune(config_path: Path | None) -> None:
+    """Delete probe results older than the retention settings (critical ones are kept longer)."""
+    from kvwatch.retention import prune_once
+    from kvwatch.store.engine import create_engine_for
+    from kvwatch.store.repository import Store
+
+    config = _load(config_path)
+    engine = create_engine_for(config.database)
+    try:
+        deleted = prune_once(Store(engine), config.retention)
+    finally:
+        engine.dispose()
+    click.echo(f"pruned {deleted} probes")
+
+
 @main.group()
 def db() -> None:
     """Database maintenance."""

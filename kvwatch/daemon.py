@@ -25,6 +25,7 @@ from kvwatch.alerting.policy import default_policy
 from kvwatch.config import Config, EndpointSpec
 from kvwatch.engines.factory import build_engine
 from kvwatch.metrics import ProbeMetrics
+from kvwatch.retention import retention_loop
 from kvwatch.runner import ProbeRunner, Target
 from kvwatch.scheduler import ProbeScheduler
 from kvwatch.store import migrate
@@ -199,6 +200,10 @@ class Daemon:
                 stack.push_async_callback(_stop_delivery, built.delivery, delivery_task)
             scheduler = ProbeScheduler(built.runner)
             scheduler.start(built.targets)
+            pruning = asyncio.create_task(
+                retention_loop(built.store, config.retention), name="retention"
+            )
+            stack.push_async_callback(_cancel, pruning)
             host, port = split_listen(config.listen)
             web = embedded_server(
                 create_app(
@@ -233,6 +238,11 @@ class Daemon:
             log.info("stopped")
             if web_task.done() and web_task.exception() is not None:
                 raise SystemExit(f"web server failed: {web_task.exception()}")
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def _stop_delivery(delivery: Delivery, task: asyncio.Task[None]) -> None:

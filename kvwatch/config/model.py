@@ -173,6 +173,21 @@ class Endpoint(_Strict):
         return self
 
 
+class Retention(_Strict):
+    # How long probe results are kept; probes with a critical verdict are evidence of an
+    # incident (a leak names other users' requests) and are kept longer.
+    probes: Duration = 30 * 86400.0
+    critical: Duration = 180 * 86400.0
+    # How often the daemon prunes.
+    every: Duration = 3600.0
+
+    @model_validator(mode="after")
+    def _critical_not_shorter(self) -> Retention:
+        if self.critical < self.probes:
+            raise invalid("critical must be at least as long as probes")
+        return self
+
+
 class Config(_Strict):
     # repr=False: a database URL may carry a password.
     database: DatabaseUrl = Field(default="sqlite:///kvwatch.db", repr=False)
@@ -182,6 +197,7 @@ class Config(_Strict):
     log_level: LogLevel = "info"
     alertmanager: Alertmanager = Alertmanager()
     defaults: Defaults = Defaults()
+    retention: Retention = Retention()
     endpoints: list[Endpoint] = []
 
     @property
