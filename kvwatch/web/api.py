@@ -22,6 +22,8 @@ MAX_ID = 2**63 - 1  # PostgreSQL BIGINT: larger ids cannot exist and must not re
 # Free text reaches the database as a bound parameter; NUL is the one character PostgreSQL
 # refuses in text, so it is rejected here with a 422 instead of failing there.
 NO_NUL = r"^[^\x00]*$"
+# The shape of a duration (30s, 15m, 24h, 1h30m, 7d); its range is checked in code.
+DURATION = r"^[0-9][0-9a-z.]*$"
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": schemas.Error, "description": "A parameter that cannot be used."},
@@ -68,7 +70,12 @@ def build_api(ctx: WebContext) -> APIRouter:
     def endpoint_summary(
         name: EndpointName,
         window: Annotated[
-            str, Query(max_length=32, description="Look-back window, e.g. 1h, 24h, 7d (≤ 90d).")
+            str,
+            Query(
+                max_length=32,
+                pattern=DURATION,
+                description="Look-back window, e.g. 1h, 24h, 7d (at most 90d).",
+            ),
         ] = "24h",
         until: Annotated[
             AwareDatetime | None, Query(description="End of the window (default: now).")
@@ -132,7 +139,11 @@ def build_api(ctx: WebContext) -> APIRouter:
     def alerts(
         resolved_within: Annotated[
             str,
-            Query(max_length=32, description="Include alerts resolved within this window."),
+            Query(
+                max_length=32,
+                pattern=DURATION,
+                description="Include alerts resolved within this window (at most 90d).",
+            ),
         ] = "24h",
     ) -> schemas.Alerts:
         try:

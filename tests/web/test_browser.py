@@ -117,9 +117,7 @@ async def test_an_operator_clicks_from_the_overview_to_a_leaks_evidence(
 
             async def status_colour(name: str) -> str:
                 dot = page.locator(f'tr.endpoint[data-endpoint="{name}"] .dot')
-                return str(
-                    await dot.evaluate("el => getComputedStyle(el).backgroundColor")
-                )
+                return str(await dot.evaluate("el => getComputedStyle(el).backgroundColor"))
 
             assert await status_colour("healthy") == GREEN
             for faulty in ("stale-kv", "accept-over-limit"):
