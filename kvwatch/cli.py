@@ -69,7 +69,7 @@ def run(config_path: Path | None, grace: float) -> None:
     logs.configure(config.log_level)
 
     async def main_() -> None:
-        daemon = Daemon(config, grace_seconds=grace)
+        daemon = Daemon(config, config_path=config_path or DEFAULT_CONFIG, grace_seconds=grace)
         daemon.install_signal_handlers()
         await daemon.run()
 
@@ -209,9 +209,21 @@ def format_table(reports: list[ProbeReport]) -> str:
 @main.command()
 @config_option
 @click.option("--endpoint", default=None, help="Only this endpoint.")
-@click.option("--kind", default=None, help="Only this probe kind.")
-@click.option("--verdict", default=None, help="Only this verdict.")
-@click.option("--since", default=None, help="Only probes started within this duration (e.g. 24h).")
+@click.option(
+    "--kind", type=click.Choice([k.value for k in ProbeKind]), default=None, help="Only this kind."
+)
+@click.option(
+    "--verdict",
+    type=click.Choice([v.value for v in Verdict]),
+    default=None,
+    help="Only this verdict.",
+)
+@click.option(
+    "--since", default=None, help="Only probes started since: a duration ago (24h) or an ISO time."
+)
+@click.option(
+    "--until", default=None, help="Only probes started before: a duration ago or an ISO time."
+)
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
 @click.option(
     "--output", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True
@@ -222,33 +234,39 @@ def results(
     kind: str | None,
     verdict: str | None,
     since: str | None,
+    until: str | None,
     limit: int,
     output: str,
 ) -> None:
-    """Stored probe results, newest first."""
-    from datetime import UTC, datetime, timedelta
+    """Stored probe results, newest first (json: one object per line)."""
+    from datetime import UTC, datetime
 
-    from kvwatch.config import DurationError, parse_duration
     from kvwatch.store.engine import create_engine_for
+    from kvwatch.store.queries import MAX_PAGE, HistoryQueries, ProbeFilter
     from kvwatch.store.repository import Store
+    from kvwatch.web.params import ParamError, parse_time
 
-    if verdict is not None and verdict not in {v.value for v in Verdict}:
-        raise click.BadParameter(
-            f"unknown verdict {verdict!r}; one of: {', '.join(v.value for v in Verdict)}",
-            param_hint="--verdict",
-        )
-    start = None
-    if since is not None:
-        try:
-            start = datetime.now(UTC) - timedelta(seconds=parse_duration(since))
-        except DurationError as exc:
-            raise click.BadParameter(str(exc), param_hint="--since") from None
+    now = datetime.now(UTC)
+    try:
+        start = None if since is None else parse_time(since, "--since", now)
+        end = None if until is None else parse_time(until, "--until", now)
+    except ParamError as exc:
+        raise click.UsageError(str(exc)) from None
+    if start is not None and end is not None and start >= end:
+        raise click.UsageError("--since must be before --until")
     config = _load(config_path)
     engine = create_engine_for(config.database)
+    filters = ProbeFilter(endpoint=endpoint, kind=kind, verdict=verdict, since=start, until=end)
+    rows = []
     try:
-        rows = Store(engine).list_probes(
-            endpoint=endpoint, kind=kind, verdict=verdict, since=start, limit=limit
-        )
+        queries = HistoryQueries(Store(engine))
+        before: int | None = None
+        while len(rows) < limit:
+            page = queries.probes(filters, limit=min(MAX_PAGE, limit - len(rows)), before_id=before)
+            rows += page.probes
+            if page.next_before_id is None:
+                break
+            before = page.next_before_id
     finally:
         engine.dispose()
     fields = (
@@ -276,7 +294,7 @@ def results(
     elif output == "csv":
         import csv
 
-        writer = csv.DictWriter(sys.stdout, fieldnames=fields)
+        writer = csv.DictWriter(sys.stdout, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
         writer.writerows(records)
     else:
@@ -290,19 +308,83 @@ def results(
 
 @main.command()
 @config_option
-def prune(config_path: Path | None) -> None:
-    """Delete probe results older than the retention settings (critical ones are kept longer)."""
-    from kvwatch.retention import prune_once
+@click.argument("probe_id", type=click.IntRange(1, 2**63 - 1))
+@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def show(config_path: Path | None, probe_id: int, output: str) -> None:
+    """All the evidence of one probe (the JSON is the API's /api/v1/probes/ID shape)."""
     from kvwatch.store.engine import create_engine_for
+    from kvwatch.store.queries import HistoryQueries
     from kvwatch.store.repository import Store
+    from kvwatch.web import schemas
+    from kvwatch.web.settings import WebSettings
 
     config = _load(config_path)
     engine = create_engine_for(config.database)
     try:
-        deleted = prune_once(Store(engine), config.retention)
+        queries = HistoryQueries(Store(engine))
+        row = queries.probe(probe_id)
+        confirmed_by = [] if row is None else [p.id for p in queries.confirmations_of(probe_id)]
     finally:
         engine.dispose()
-    click.echo(f"pruned {deleted} probes")
+    if row is None:
+        click.echo(f"no probe {probe_id}", err=True)
+        raise SystemExit(1)
+    # Whoever can read the database can read the stored excerpt: show it whole.
+    settings = WebSettings(excerpt_chars=len(row.answer_excerpt or ""))
+    probe = schemas.probe(settings, row, confirmed_by)
+    if output == "json":
+        click.echo(probe.model_dump_json(indent=2))
+        return
+    click.echo(_probe_text(probe))
+
+
+def _probe_text(p: Any) -> str:
+    """``kvwatch show`` as text: one labelled line per piece of evidence."""
+
+    def n(value: int | None) -> str:
+        return "-" if value is None else f"{value:,}"
+
+    def s(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f} s"
+
+    found = {None: "not checked", True: "found", False: "MISSING"}[p.marker_found]
+    lines = [
+        f"probe {p.id}: {p.verdict or p.state}"
+        + (f" ({p.severity})" if p.severity not in (None, "none") else ""),
+        f"  reason:        {p.reason or '-'}",
+        f"  endpoint:      {p.endpoint} ({p.model})",
+        f"  kind:          {p.kind}"
+        + (f", confirming probe {p.confirms_probe_id}" if p.confirms_probe_id else ""),
+    ]
+    if p.confirmed_by:
+        lines.append(f"  confirmed by:  {', '.join(f'probe {i}' for i in p.confirmed_by)}")
+    lines += [
+        f"  marker:        {p.marker} {found} (depth {p.marker_depth:.2f})",
+    ]
+    for f in p.foreign_markers:
+        lines.append(
+            f"  LEAKED MARKER: {f.marker} of probe {f.probe_id} ({f.endpoint}, "
+            f"issued {f.issued_at.isoformat()})"
+        )
+    lines += [
+        f"  HTTP status:   {p.http_status if p.http_status is not None else '-'}"
+        + (f", finish {p.finish_reason}" if p.finish_reason else "")
+        + (", streamed" if p.streamed else ""),
+        f"  prompt tokens: planned {n(p.planned_prompt_tokens)} (target "
+        f"{n(p.target_prompt_tokens)}, {p.token_source}), reported {n(p.reported_prompt_tokens)}",
+        f"  completion:    {n(p.completion_tokens)} of max {p.max_tokens}",
+        f"  timings:       first byte {s(p.ttfb_seconds)}, total {s(p.duration_seconds)}",
+        f"  started:       {p.started_at.isoformat()}",
+        f"  finished:      {p.finished_at.isoformat() if p.finished_at else '-'} ({p.state})",
+        f"  replica:       {p.replica}",
+    ]
+    if p.answer_excerpt is not None:
+        lines.append(f"  answer:        {p.answer_excerpt!r}")
+    if p.error_body:
+        lines.append(f"  error body:    {p.error_body}")
+    if p.error_detail:
+        lines.append(f"  error detail:  {p.error_detail}")
+    return "\n".join(lines)
 
 
 @main.group()

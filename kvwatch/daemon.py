@@ -12,6 +12,8 @@ import signal
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
 import structlog
@@ -22,14 +24,15 @@ from kvwatch.alerting.alertmanager import AlertmanagerSettings, TLSSettings
 from kvwatch.alerting.delivery import Delivery
 from kvwatch.alerting.evaluator import AlertEvaluator
 from kvwatch.alerting.policy import default_policy
-from kvwatch.config import Config, EndpointSpec
+from kvwatch.config import Config, ConfigError, EndpointSpec, capacity_violations, load_config
 from kvwatch.engines.factory import build_engine
-from kvwatch.metrics import ProbeMetrics
+from kvwatch.metrics import ConfigMetrics, ProbeMetrics
 from kvwatch.retention import retention_loop
 from kvwatch.runner import ProbeRunner, Target
 from kvwatch.scheduler import ProbeScheduler
 from kvwatch.store import migrate
 from kvwatch.store.engine import create_engine_for
+from kvwatch.store.errors import StoreError
 from kvwatch.store.records import AlertStateRecord
 from kvwatch.store.repository import Store
 from kvwatch.tokens.factory import build_counter
@@ -62,6 +65,7 @@ class Built:
     runner: ProbeRunner
     targets: list[Target]
     delivery: Delivery | None = None
+    alerts: AlertEvaluator | None = None
 
 
 def alertmanager_settings(config: Config) -> AlertmanagerSettings | None:
@@ -158,34 +162,135 @@ async def build(config: Config, *, upgrade: bool = True, alerting: bool = True) 
         if settings is not None:
             delivery = Delivery(settings=settings, load_states=load_states, registry=registry)
         base = public_base_url(config)
-        runner.alert_hook = AlertEvaluator(
+        alerts = AlertEvaluator(
             policy=default_policy(),
             states=await load_states(),
             probe_url=lambda probe_id: f"{base}/probes/{probe_id}",
             wake=delivery.notify if delivery else lambda: None,
         )
-    return Built(store, registry, metrics, client, runner, targets, delivery)
+        runner.alert_hook = alerts
+        return Built(store, registry, metrics, client, runner, targets, delivery, alerts)
+    return Built(store, registry, metrics, client, runner, targets)
 
 
 class Daemon:
-    def __init__(self, config: Config, *, grace_seconds: float = 30.0) -> None:
+    def __init__(
+        self, config: Config, *, config_path: Path | None = None, grace_seconds: float = 30.0
+    ) -> None:
         self.config = config
+        self.config_path = config_path
         self.grace_seconds = grace_seconds
         self.stop = asyncio.Event()
+        self._reload_lock = asyncio.Lock()
+        self._built: Built | None = None
+        self._scheduler: ProbeScheduler | None = None
+        self._config_metrics: ConfigMetrics | None = None
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
 
     def _on_signal(self, sig: signal.Signals) -> None:
         log.info("signal", signal=sig.name)
         self.stop.set()
 
+    def _on_sighup(self) -> None:
+        log.info("signal", signal="SIGHUP")
+        task = asyncio.get_running_loop().create_task(self.reload(), name="reload")
+        task.add_done_callback(lambda t: t.exception())  # outcome is logged by reload()
+
+    async def reload(self) -> tuple[bool, str]:
+        """Re-read the config file and apply endpoint changes without a restart.
+
+        An invalid new config (or one the capacity gate refuses) is rejected whole and the
+        running one stays. Settings that are bound at start (database, listen, replica,
+        alertmanager, retention) are reported as needing a restart and not applied.
+        """
+        async with self._reload_lock:
+            ok, message = await self._reload()
+        if self._config_metrics is not None:
+            if ok:
+                self._config_metrics.loaded(datetime.now(UTC))
+            else:
+                self._config_metrics.failed()
+        (log.info if ok else log.error)("reload", ok=ok, result=message)
+        return ok, message
+
+    async def _reload(self) -> tuple[bool, str]:
+        if self.config_path is None:
+            return False, "no configuration file to reload (demo mode)"
+        if self._built is None or self._scheduler is None:
+            return False, "kvwatch is not running yet"
+        try:
+            new = await asyncio.to_thread(load_config, self.config_path)
+        except ConfigError as exc:
+            return False, "\n".join(exc.errors)
+        violations = capacity_violations(new)
+        if violations:
+            return False, "\n".join(violations)
+        built, scheduler = self._built, self._scheduler
+        fixed = [
+            key
+            for key in ("database", "listen", "replica", "alertmanager", "retention")
+            if getattr(new, key) != getattr(self.config, key)
+        ]
+        old = {t.spec.name: t for t in built.targets}
+        specs = {spec.name: spec for spec in new.resolved_endpoints()}
+        removed = [name for name in old if name not in specs]
+        changed = [s for name, s in specs.items() if name not in old or old[name].spec != s]
+        try:
+            fresh = await asyncio.to_thread(
+                build_targets, changed, built.store, built.client, built.metrics
+            )
+        except StoreError as exc:
+            return False, f"could not register endpoints: {exc}"
+        for name in removed:
+            spec = old[name].spec
+            scheduler.remove(name, spec.probes)
+            if built.alerts is not None:
+                retired = built.alerts.retire(name)
+                try:
+                    await asyncio.to_thread(built.store.save_alert_states, retired)
+                except StoreError as exc:
+                    log.warning("retire_alerts_failed", endpoint=name, error=str(exc))
+                else:
+                    built.alerts.committed(retired)
+            built.metrics.forget_endpoint(
+                name, spec.model, spec.flavour, [k.value for k in spec.probes]
+            )
+        for target in fresh:
+            previous = old.get(target.spec.name)
+            if previous is not None:
+                dropped = [k for k in previous.spec.probes if k not in target.spec.probes]
+                scheduler.remove(target.spec.name, dropped)
+                built.metrics.forget_endpoint(
+                    previous.spec.name,
+                    previous.spec.model,
+                    previous.spec.flavour,
+                    [k.value for k in dropped],
+                )
+            scheduler.add(target)
+        fresh_names = {t.spec.name for t in fresh}
+        built.targets = [t for t in built.targets if t.spec.name in specs]
+        built.targets = [t for t in built.targets if t.spec.name not in fresh_names] + fresh
+        self.config = new.model_copy(update={key: getattr(self.config, key) for key in fixed})
+        summary = (
+            f"{len(specs)} endpoints: {len([n for n in specs if n not in old])} added, "
+            f"{len([s for s in changed if s.name in old])} changed, {len(removed)} removed"
+        )
+        if fixed:
+            summary += f"; restart to apply changes to: {', '.join(fixed)}"
+        return True, summary
+
     async def run(self) -> None:
         config = self.config
         async with AsyncExitStack() as stack:
             built = await build(config)
+            self._built = built
+            self._config_metrics = ConfigMetrics(built.registry)
+            self._config_metrics.loaded(datetime.now(UTC))
             stack.push_async_callback(built.client.aclose)
             stack.callback(built.store.engine.dispose)
             recovered = await asyncio.to_thread(
@@ -199,6 +304,7 @@ class Daemon:
                 delivery_task = asyncio.create_task(built.delivery.run(), name="alert-delivery")
                 stack.push_async_callback(_stop_delivery, built.delivery, delivery_task)
             scheduler = ProbeScheduler(built.runner)
+            self._scheduler = scheduler
             scheduler.start(built.targets)
             pruning = asyncio.create_task(
                 retention_loop(built.store, config.retention), name="retention"

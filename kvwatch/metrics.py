@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -105,6 +106,26 @@ class ProbeMetrics:
         for kind, interval in kinds.items():
             self.interval.labels(endpoint, kind).set(interval)
 
+    def forget_endpoint(self, endpoint: str, model: str, flavour: str, kinds: list[str]) -> None:
+        """Drop a removed endpoint's series, so it does not look stale (and page) forever."""
+        with contextlib.suppress(KeyError):
+            self.endpoint_info.remove(endpoint, model, flavour)
+        per_kind = (
+            self.success,
+            self.last_run,
+            self.last_success,
+            self.interval,
+            self.planned_tokens,
+            self.reported_tokens,
+        )
+        for kind in kinds:
+            for gauge in per_kind:
+                with contextlib.suppress(KeyError):
+                    gauge.remove(endpoint, kind)
+            for verdict in Verdict:
+                with contextlib.suppress(KeyError):
+                    self.last_verdict.remove(endpoint, kind, verdict.value)
+
     def observe(
         self,
         *,
@@ -141,3 +162,26 @@ class ProbeMetrics:
             self.canary_tokens.labels(endpoint, kind, "prompt").inc(reported)
         if completion is not None:
             self.canary_tokens.labels(endpoint, kind, "completion").inc(completion)
+
+
+class ConfigMetrics:
+    """Whether the last configuration reload worked (as Prometheus' own reload gauges)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.last_reload_ok = Gauge(
+            "kvwatch_config_last_reload_successful",
+            "1 if the last configuration reload succeeded, else 0.",
+            registry=registry,
+        )
+        self.last_reload_success = Gauge(
+            "kvwatch_config_last_reload_success_timestamp_seconds",
+            "When the configuration was last loaded successfully.",
+            registry=registry,
+        )
+
+    def loaded(self, when: datetime) -> None:
+        self.last_reload_ok.set(1)
+        self.last_reload_success.set(when.timestamp())
+
+    def failed(self) -> None:
+        self.last_reload_ok.set(0)

@@ -15,7 +15,14 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from kvwatch.alerting.policy import AlertingPolicy
-from kvwatch.alerting.state import AlertKey, AlertState, Evidence, ProbeEvent, evaluate
+from kvwatch.alerting.state import (
+    AlertKey,
+    AlertState,
+    AlertStatus,
+    Evidence,
+    ProbeEvent,
+    evaluate,
+)
 from kvwatch.store.records import AlertStateRecord
 
 if TYPE_CHECKING:
@@ -68,6 +75,24 @@ class AlertEvaluator:
             self._states[state.key] = state
         if records:
             self._wake()
+
+    def retire(self, endpoint: str) -> list[AlertStateRecord]:
+        """An endpoint left the config: resolve its firing alerts, drop its pending ones."""
+        now = self._clock()
+        records = []
+        for state in self._states.values():
+            if state.endpoint != endpoint or state.state not in ("firing", "pending"):
+                continue
+            if state.state == "firing":
+                retired = dataclasses.replace(
+                    state, state=AlertStatus.RESOLVED, ends_at=now, updated_at=now
+                )
+            else:
+                retired = dataclasses.replace(
+                    state, state=AlertStatus.INACTIVE, failures=0, updated_at=now
+                )
+            records.append(AlertStateRecord(**dataclasses.asdict(retired)))
+        return records
 
     def firing(self) -> list[AlertKey]:
         return [k for k, s in self._states.items() if s.state == "firing"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -114,3 +115,56 @@ def test_sigterm_past_the_grace_period_marks_the_probe_interrupted(tmp_path, db_
         assert stop(proc) == 0, log.read_text()
         row = observed.get_probe(running[0].id)
         assert row is not None and row.state is ProbeState.INTERRUPTED
+
+
+def metric_lines(listen: str) -> list[str]:
+    try:
+        text = httpx.get(f"http://{listen}/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return []
+    return [line for line in text.splitlines() if not line.startswith("#")]
+
+
+def test_sighup_applies_endpoint_changes_and_rejects_a_bad_config(tmp_path, db_url):
+    """Reload: an added endpoint is probed, a removed one's series vanish; an invalid file is
+    refused, the old config keeps running and the reload gauge says so."""
+    log = tmp_path / "run.log"
+    with simulator_process(
+        "name=slow,window=4096", "name=fresh,window=4096", log=tmp_path / "sim.log"
+    ) as sim:
+        path = write_config(tmp_path / "kvwatch.yaml", db_url, sim)
+        listen = yaml.safe_load(path.read_text())["listen"]
+        proc = start_kvwatch("run", "--config", str(path), log=log)
+        try:
+            wait_for(
+                "the first config's metrics",
+                lambda: any('endpoint="slow"' in m for m in metric_lines(listen)),
+                timeout=60,
+            )
+            doc = yaml.safe_load(path.read_text())
+            doc["endpoints"][0] = {**doc["endpoints"][0], "name": "fresh", "url": f"{sim}/fresh/v1"}
+            path.write_text(yaml.safe_dump(doc))
+            proc.send_signal(signal.SIGHUP)
+            wait_for(
+                "the new endpoint to be probed",
+                lambda: any(
+                    m.startswith('kvwatch_probes_total{endpoint="fresh"')
+                    for m in metric_lines(listen)
+                ),
+                timeout=60,
+            )
+            lines = metric_lines(listen)
+            assert not any('kvwatch_endpoint_info{endpoint="slow"' in m for m in lines)
+            assert "kvwatch_config_last_reload_successful 1.0" in lines
+
+            path.write_text(path.read_text().replace("context_window: 4096", "context_window: -1"))
+            proc.send_signal(signal.SIGHUP)
+            wait_for(
+                "the failed reload gauge",
+                lambda: "kvwatch_config_last_reload_successful 0.0" in metric_lines(listen),
+                timeout=30,
+            )
+            assert "endpoints[0].context_window: must be a positive integer" in log.read_text()
+            assert proc.poll() is None
+        finally:
+            assert stop(proc) == 0, log.read_text()
