@@ -83,12 +83,6 @@ async def plan_prompt(
     """Plan a prompt of ``target_tokens`` prompt tokens as the target counts them."""
     layout = Layout(marker, depth)
     side = side_for(kind)
-    base = await counter.count_prompt(layout.messages([]))
-    calls = 0
-    if base > target_tokens:
-        raise PlanningError(
-            f"the canary's fixed text is {base} tokens, more than the {target_tokens} planned"
-        )
     vocab = filler.vocabulary()
     counts = dict(zip(vocab, await counter.count_pieces(vocab), strict=True))
     singles = [p for p in vocab if counts[p] == 1 and p != filler.FULL_STOP]
@@ -96,6 +90,15 @@ async def plan_prompt(
         # Every piece costs more than a token: correct with the cheapest ones, less precisely.
         cheapest = min(counts.values())
         singles = [p for p in vocab if counts[p] == cheapest]
+    # The fixed text is counted with one filler piece in place, not with none: the text on
+    # either side of an empty filler can merge into tokens that never occur in a real prompt.
+    seed = singles[0]
+    base = await counter.count_prompt(layout.messages([seed])) - counts[seed]
+    calls = 0
+    if base > target_tokens:
+        raise PlanningError(
+            f"the canary's fixed text is {base} tokens, more than the {target_tokens} planned"
+        )
 
     pieces = _fill(target_tokens - base, counts, singles, rng)
     best: tuple[int, list[str]] | None = None
