@@ -14,6 +14,7 @@ from kvwatch import __version__, logs
 from kvwatch.canary.model import ProbeKind, Verdict
 from kvwatch.config import Config, ConfigError, capacity_violations, load_config
 from kvwatch.runner import ProbeReport
+from kvwatch.store.errors import StoreError
 
 DEFAULT_CONFIG = Path("kvwatch.yaml")
 
@@ -73,7 +74,11 @@ def run(config_path: Path | None, grace: float) -> None:
         daemon.install_signal_handlers()
         await daemon.run()
 
-    asyncio.run(main_())
+    try:
+        asyncio.run(main_())
+    except StoreError as exc:
+        click.echo(f"kvwatch: {exc}", err=True)
+        raise SystemExit(1) from None
 
 
 @main.command("check-config")
@@ -257,7 +262,7 @@ def results(
     config = _load(config_path)
     engine = create_engine_for(config.database)
     filters = ProbeFilter(endpoint=endpoint, kind=kind, verdict=verdict, since=start, until=end)
-    rows = []
+    rows: list[Any] = []
     try:
         queries = HistoryQueries(Store(engine))
         before: int | None = None

@@ -118,16 +118,6 @@ class Bucket:
     reported_prompt_tokens: int | None = None  # smallest reported under prompt in the slice
 
 
-def percentile(ordered: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile of sorted values (PostgreSQL's percentile_cont)."""
-    if not ordered:
-        return None
-    position = (len(ordered) - 1) * q
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 class HistoryQueries:
     """Read-only queries over a :class:`Store`'s database; each opens its own connection."""
 
@@ -184,7 +174,9 @@ class HistoryQueries:
                     ).first()
                     if row is not None:
                         latest[kind.value] = _brief_row(row)
-                ordered = {k.value: latest[k.value] for k in ProbeKind if k.value in latest}
+                ordered: dict[str, ProbeBrief] = {
+                    k.value: latest[k.value] for k in ProbeKind if k.value in latest
+                }
                 result.append(EndpointOverview(endpoint=ep, latest=ordered, recent=strip[:recent]))
             return result
 
@@ -252,20 +244,12 @@ class HistoryQueries:
                 .where(*window)
                 .group_by(Probe.state, Probe.verdict)
             ).all()
-            # Percentiles in Python on both databases, so both give the same figures; a
-            # window holds thousands of rows at most, not millions.
-            durations = [
-                float(d)
-                for d in c.execute(
-                    select(Probe.duration_seconds).where(
-                        *window,
-                        Probe.state == ProbeState.DONE.value,
-                        Probe.duration_seconds.is_not(None),
-                    )
-                ).scalars()
-                if d is not None
-            ]
-        durations.sort()
+            timed = c.execute(
+                select(func.count(Probe.duration_seconds)).where(
+                    *window, Probe.state == ProbeState.DONE.value
+                )
+            ).scalar_one()
+            durations = _percentiles(c, window, int(timed), (0.50, 0.95))
         states: dict[str, int] = {}
         verdicts: dict[str, int] = {}
         prompt = completion = 0
@@ -286,8 +270,8 @@ class HistoryQueries:
             interrupted=states.get(ProbeState.INTERRUPTED.value, 0),
             verdicts=dict(sorted(verdicts.items())),
             pass_rate=verdicts.get("pass", 0) / finished if finished else None,
-            p50_duration_seconds=percentile(durations, 0.50),
-            p95_duration_seconds=percentile(durations, 0.95),
+            p50_duration_seconds=durations[0],
+            p95_duration_seconds=durations[1],
             prompt_tokens=prompt,
             completion_tokens=completion,
         )
@@ -388,13 +372,47 @@ def _conditions(f: ProbeFilter) -> list[ColumnElement[bool]]:
     return conditions
 
 
+def _percentiles(
+    c: Connection, window: Sequence[ColumnElement[bool]], n: int, qs: Sequence[float]
+) -> list[float | None]:
+    """Linear-interpolated percentiles of finished probes' durations, like percentile_cont.
+
+    The database sorts and hands back only the (at most two) rows around each percentile:
+    the same arithmetic on both databases, and a 30-day window's durations never cross the
+    wire.
+    """
+    if n == 0:
+        return [None for _ in qs]
+    positions = {q: (n - 1) * q for q in qs}
+    wanted = sorted({p for pos in positions.values() for p in (int(pos), min(int(pos) + 1, n - 1))})
+    ranked = (
+        select(
+            Probe.duration_seconds.label("d"),
+            (func.row_number().over(order_by=Probe.duration_seconds) - 1).label("rn"),
+        )
+        .where(*window, Probe.state == ProbeState.DONE.value, Probe.duration_seconds.is_not(None))
+        .subquery()
+    )
+    values = dict(
+        (int(rn), float(d))
+        for d, rn in c.execute(select(ranked.c.d, ranked.c.rn).where(ranked.c.rn.in_(wanted)))
+    )
+    result: list[float | None] = []
+    for q in qs:
+        pos = positions[q]
+        low, high = int(pos), min(int(pos) + 1, n - 1)
+        result.append(values[low] + (values[high] - values[low]) * (pos - low))
+    return result
+
+
 def _bucket_index(c: Connection, since: datetime, width: int) -> ColumnElement[Any]:
     if c.dialect.name == "postgresql":
         offset = func.extract("epoch", Probe.started_at - literal(since, Probe.started_at.type))
         return cast(func.floor(offset / width), Integer)
     # SQLite keeps naive UTC text; strftime('%s') reads it as UTC seconds since the epoch.
     seconds = cast(func.strftime("%s", Probe.started_at), Integer)
-    return (seconds - int(since.timestamp())) / width
+    # Floor division: "/" would be true division in SQLAlchemy 2 and give one group per row.
+    return (seconds - int(since.timestamp())) // width
 
 
 def _when(condition: ColumnElement[bool], value: Any) -> ColumnElement[Any]:
@@ -449,5 +467,4 @@ __all__ = [
     "ProbeFilter",
     "ProbePage",
     "Summary",
-    "percentile",
 ]
