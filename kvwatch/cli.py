@@ -408,13 +408,15 @@ def db_upgrade(config_path: Path | None) -> None:
     click.echo(f"database at revision {migrate.head_revision()}")
 
 
-def _register_simulator() -> None:
+def _register_commands() -> None:
+    from kvwatch.healthcheck import healthcheck
     from kvwatch.simulator.command import simulate
 
     main.add_command(simulate)
+    main.add_command(healthcheck)
 
 
-_register_simulator()
+_register_commands()
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

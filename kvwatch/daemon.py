@@ -33,6 +33,7 @@ from kvwatch.scheduler import ProbeScheduler
 from kvwatch.store import migrate
 from kvwatch.store.engine import create_engine_for
 from kvwatch.store.errors import StoreError
+from kvwatch.store.lock import sqlite_lock_for
 from kvwatch.store.records import AlertStateRecord
 from kvwatch.store.repository import Store
 from kvwatch.tokens.factory import build_counter
@@ -287,6 +288,10 @@ class Daemon:
     async def run(self) -> None:
         config = self.config
         async with AsyncExitStack() as stack:
+            lock = sqlite_lock_for(config.database)
+            if lock is not None:
+                lock.acquire()
+                stack.callback(lock.release)
             built = await build(config)
             self._built = built
             self._config_metrics = ConfigMetrics(built.registry)

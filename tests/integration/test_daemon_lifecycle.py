@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -13,7 +14,14 @@ from kvwatch.canary.model import ProbeState
 from kvwatch.store.engine import create_engine_for
 from kvwatch.store.errors import StoreError
 from kvwatch.store.repository import Store
-from tests.helpers.processes import free_port, simulator_process, start_kvwatch, stop, wait_for
+from tests.helpers.processes import (
+    free_port,
+    kvwatch_cmd,
+    simulator_process,
+    start_kvwatch,
+    stop,
+    wait_for,
+)
 
 
 def write_config(path: Path, db_url: str, sim: str, *, grace_probe: str = "baseline") -> Path:
@@ -168,3 +176,27 @@ def test_sighup_applies_endpoint_changes_and_rejects_a_bad_config(tmp_path, db_u
             assert proc.poll() is None
         finally:
             assert stop(proc) == 0, log.read_text()
+
+
+def test_a_second_daemon_on_the_same_sqlite_file_refuses_to_start(tmp_path):
+    """One kvwatch per SQLite file: the second exits 1 naming the problem and the fix."""
+    db = f"sqlite:///{tmp_path / 'kvwatch.db'}"
+    log = tmp_path / "run.log"
+    with simulator_process("name=slow,window=4096", log=tmp_path / "sim.log") as sim:
+        first_cfg = write_config(tmp_path / "a.yaml", db, sim)
+        second_cfg = write_config(tmp_path / "b.yaml", db, sim)
+        first = start_kvwatch("run", "--config", str(first_cfg), log=log)
+        try:
+            wait_for("the first daemon's lock", lambda: (tmp_path / "kvwatch.db.lock").exists())
+            result = subprocess.run(
+                kvwatch_cmd("run", "--config", str(second_cfg)),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert result.returncode == 1
+            assert "already using the SQLite database" in result.stderr
+            assert "use PostgreSQL for several replicas" in result.stderr
+            assert first.poll() is None
+        finally:
+            assert stop(first) == 0, log.read_text()
