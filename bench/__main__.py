@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("planner", "history")
+BENCHMARKS = ("planner", "detection", "history", "soak")
 
 
 def main(argv: list[str]) -> int:
