@@ -18,6 +18,9 @@ from typing import NoReturn
 
 import pytest
 
+from kvwatch.store.engine import create_engine_for
+from kvwatch.store.migrate import upgrade_engine
+from kvwatch.store.repository import Store
 from tests.realengine.server import (
     BUILD_SCRIPT,
     COLLAPSED_TEMPLATE_ARGS,
@@ -75,3 +78,20 @@ def llama_server_collapsed_url(
     log = tmp_path_factory.mktemp("llama-server-collapsed") / "server.log"
     with llama_server(llama_server_binary, gemma_gguf, *COLLAPSED_TEMPLATE_ARGS, log=log) as base:
         yield base
+
+
+@pytest.fixture(scope="session")
+def sqlite_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    """One migrated SQLite store for every real-engine probe of the session.
+
+    SQLite only: each real probe costs seconds of prefill on two shared cores, and running each
+    on both backends would double that for no gain: the store's backends are proven by the
+    simulator-driven integration tests, and nothing here depends on the backend. One store for
+    the session lets a stale-KV leak name the probe whose marker it leaked.
+    """
+    engine = create_engine_for(f"sqlite:///{tmp_path_factory.mktemp('realengine-db') / 'kv.db'}")
+    upgrade_engine(engine)
+    try:
+        yield Store(engine)
+    finally:
+        engine.dispose()
