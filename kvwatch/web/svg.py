@@ -120,6 +120,11 @@ def tokens(slices: Sequence[Slice], buckets: int, since: datetime, until: dateti
         body.append(f'<polyline class="line planned" points="{planned}"/>')
     if reported:
         body.append(f'<polyline class="line reported" points="{reported}"/>')
+    for s in points:
+        body.append(
+            f'<circle class="dot planned" cx="{x(s):.1f}" '
+            f'cy="{y(s.planned_prompt_tokens or 0):.1f}" r="2"/>'
+        )
     for s in reported_points:
         short = (s.reported_prompt_tokens or 0) < (s.planned_prompt_tokens or 0)
         tip = (
