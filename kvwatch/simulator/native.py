@@ -481,7 +481,7 @@ async def anthropic_messages(request: Request) -> Response:
         )
 
     async def events() -> AsyncIterator[bytes]:
-        start = {
+        start: dict[str, Any] = {
             "id": message_id,
             "type": "message",
             "role": "assistant",
