@@ -92,6 +92,7 @@ class Probe(Base):
         ),
         Index(None, "endpoint", "verdict", "started_at", "id"),
         Index(None, "confirms_probe_id"),
+        Index(None, "endpoint", "kind", "slot"),
         # Ids are permalinks (/probes/{id}): SQLite must never hand out a pruned id again.
         {"sqlite_autoincrement": True},
     )
@@ -130,6 +131,8 @@ class Probe(Base):
     confirms_probe_id: Mapped[int | None] = mapped_column(
         Id, ForeignKey("probes.id", ondelete="SET NULL")
     )
+    # The scheduled slot (epoch seconds) this probe ran for; NULL for one-shot probes.
+    slot: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class Marker(Base):
@@ -167,3 +170,27 @@ class AlertState(Base):
     annotations: Mapped[dict[str, Any]] = mapped_column(json_type())
     generator_url: Mapped[str | None] = mapped_column(Text)
     updated_at: Mapped[datetime]
+
+
+class ProbeSlot(Base):
+    """A claim on one scheduled probe slot, so that with several replicas each runs once.
+
+    The replica that inserts the row runs the slot; no transaction is held open across the
+    probe. A claim whose replica died expires (``expires_at``) and another replica takes it
+    over (``attempts`` counts the takeovers). ``done`` marks the slot as run.
+    """
+
+    __tablename__ = "probe_slots"
+    __table_args__ = (Index(None, "done", "expires_at"),)
+
+    endpoint: Mapped[str] = mapped_column(String(200), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32), primary_key=True)
+    slot: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # epoch seconds
+    replica: Mapped[str] = mapped_column(String(200))
+    claimed_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    attempts: Mapped[int] = mapped_column(Integer, default=1)
+    done: Mapped[bool] = mapped_column(Boolean, default=False)
+    probe_id: Mapped[int | None] = mapped_column(
+        Id, ForeignKey("probes.id", ondelete="SET NULL"), nullable=True
+    )

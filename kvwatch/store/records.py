@@ -33,6 +33,7 @@ class NewProbe:
     marker_depth: float
     streamed: bool
     confirms_probe_id: int | None = None
+    slot: int | None = None  # the scheduled slot (epoch seconds) it runs for
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,6 +91,7 @@ class ProbeRow:
     ttfb_seconds: float | None
     duration_seconds: float | None
     confirms_probe_id: int | None
+    slot: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

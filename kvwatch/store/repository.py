@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, delete, func, or_, select, text, update
@@ -20,7 +20,7 @@ from kvwatch.canary.markers import canonical
 from kvwatch.canary.model import ForeignMarker, ProbeState
 from kvwatch.store.errors import StoreError
 from kvwatch.store.migrate import current_revision, head_revision
-from kvwatch.store.models import AlertState, Endpoint, Marker, Probe
+from kvwatch.store.models import AlertState, Endpoint, Marker, Probe, ProbeSlot
 from kvwatch.store.records import (
     AlertStateRecord,
     NewProbe,
@@ -129,6 +129,7 @@ class Store:
                 foreign_markers=[],
                 streamed=p.streamed,
                 confirms_probe_id=p.confirms_probe_id,
+                slot=p.slot,
             )
             s.add(row)
             s.flush()
@@ -208,6 +209,82 @@ class Store:
                 .execution_options(synchronize_session=False)
             )
             return int(result.rowcount)  # type: ignore[attr-defined]
+
+    # -- slot claims (several replicas on one database) -----------------------------------
+
+    def claim_slot(self, endpoint: str, kind: str, slot: int, replica: str, ttl: float) -> bool:
+        """Claim a scheduled slot for ``replica``; True if it is now this replica's to run.
+
+        The first claim inserts the row (a unique key decides between racing replicas). A
+        claim that expired undone (its replica died mid-probe) is taken over, and the dead
+        replica's probe row for the slot is marked interrupted in the same transaction.
+        """
+        now = self._now()
+        expires = now + timedelta(seconds=ttl)
+        key = (ProbeSlot.endpoint == endpoint, ProbeSlot.kind == kind, ProbeSlot.slot == slot)
+        with self._errors("could not claim a probe slot"), self._sessions.begin() as s:
+            insert = self._insert(s, ProbeSlot).values(
+                endpoint=endpoint,
+                kind=kind,
+                slot=slot,
+                replica=replica,
+                claimed_at=now,
+                expires_at=expires,
+                attempts=1,
+                done=False,
+            )
+            inserted = s.execute(insert.on_conflict_do_nothing().returning(ProbeSlot.slot))
+            if inserted.first() is not None:
+                return True
+            taken = s.execute(
+                update(ProbeSlot)
+                .where(*key, ProbeSlot.done.is_(False), ProbeSlot.expires_at < now)
+                .values(
+                    replica=replica,
+                    claimed_at=now,
+                    expires_at=expires,
+                    attempts=ProbeSlot.attempts + 1,
+                )
+                .execution_options(synchronize_session=False)
+            )
+            if taken.rowcount != 1:  # type: ignore[attr-defined]
+                return False
+            s.execute(
+                update(Probe)
+                .where(
+                    Probe.endpoint == endpoint,
+                    Probe.kind == kind,
+                    Probe.slot == slot,
+                    Probe.state == ProbeState.RUNNING.value,
+                )
+                .values(
+                    state=ProbeState.INTERRUPTED.value,
+                    reason="its replica stopped answering; the slot was taken over",
+                    finished_at=now,
+                )
+                .execution_options(synchronize_session=False)
+            )
+            return True
+
+    def complete_slot(self, endpoint: str, kind: str, slot: int, probe_id: int | None) -> None:
+        with self._errors("could not complete a probe slot"), self._sessions.begin() as s:
+            s.execute(
+                update(ProbeSlot)
+                .where(
+                    ProbeSlot.endpoint == endpoint, ProbeSlot.kind == kind, ProbeSlot.slot == slot
+                )
+                .values(done=True, probe_id=probe_id)
+                .execution_options(synchronize_session=False)
+            )
+
+    def expired_slots(self, since_slot: int) -> list[tuple[str, str, int]]:
+        """Slots from ``since_slot`` on whose claim expired before they were run."""
+        now = self._now()
+        query = select(ProbeSlot.endpoint, ProbeSlot.kind, ProbeSlot.slot).where(
+            ProbeSlot.done.is_(False), ProbeSlot.expires_at < now, ProbeSlot.slot >= since_slot
+        )
+        with self._errors("could not list expired slots"), self._sessions() as s:
+            return [(e, k, int(t)) for e, k, t in s.execute(query)]
 
     def lookup_markers(self, canonical_markers: Sequence[str]) -> dict[str, ForeignMarker]:
         """Issued markers among ``canonical_markers``, keyed by canonical form.
@@ -411,6 +488,7 @@ def _probe_row(row: Probe) -> ProbeRow:
         ttfb_seconds=row.ttfb_seconds,
         duration_seconds=row.duration_seconds,
         confirms_probe_id=row.confirms_probe_id,
+        slot=row.slot,
     )
 
 

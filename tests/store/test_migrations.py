@@ -21,7 +21,7 @@ from kvwatch.store.migrate import (
 )
 from kvwatch.store.models import Base
 
-TABLES = {"endpoints", "probes", "markers", "alert_states"}
+TABLES = {"endpoints", "probes", "markers", "alert_states", "probe_slots"}
 
 
 def _schema_diff(engine: Engine) -> list[object]:

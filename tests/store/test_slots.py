@@ -1,0 +1,82 @@
+"""Slot claims: one replica per slot, takeover after expiry, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from kvwatch.canary.model import ProbeState
+from kvwatch.store.engine import create_engine_for
+from kvwatch.store.migrate import upgrade_engine
+from kvwatch.store.records import NewProbe
+from kvwatch.store.repository import Store
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def clocked_store(db_url: str, clock: Clock) -> Store:
+    engine = create_engine_for(db_url)
+    upgrade_engine(engine)
+    return Store(engine, now=clock)
+
+
+def test_only_the_first_replica_gets_a_slot(db_url):
+    """Two claims on one slot: the first wins, the second is told no."""
+    store = clocked_store(db_url, Clock())
+    assert store.claim_slot("ep", "under", 1000, "a", ttl=60)
+    assert not store.claim_slot("ep", "under", 1000, "b", ttl=60)
+    assert store.claim_slot("ep", "under", 1060, "b", ttl=60)
+    assert store.claim_slot("ep", "over", 1000, "b", ttl=60)
+
+
+def test_a_done_slot_is_never_taken_over(db_url):
+    """Completion is final, even after the claim's expiry."""
+    clock = Clock()
+    store = clocked_store(db_url, clock)
+    assert store.claim_slot("ep", "under", 1000, "a", ttl=60)
+    store.complete_slot("ep", "under", 1000, None)
+    clock.now += timedelta(minutes=5)
+    assert not store.claim_slot("ep", "under", 1000, "b", ttl=60)
+    assert store.expired_slots(0) == []
+
+
+def test_an_expired_claim_is_taken_over_and_the_dead_replicas_probe_interrupted(db_url):
+    """A replica that died mid-probe: its claim expires, another takes the slot over."""
+    clock = Clock()
+    store = clocked_store(db_url, clock)
+    eid = store.upsert_endpoint("ep", "http://h/v1", "openai", "m", 4096, None, {})
+    assert store.claim_slot("ep", "under", 1000, "a", ttl=60)
+    dead = store.begin_probe(
+        NewProbe(
+            endpoint="ep",
+            endpoint_id=eid,
+            kind="under",
+            started_at=clock.now,
+            replica="a",
+            model="m",
+            planned_prompt_tokens=1,
+            target_prompt_tokens=1,
+            max_tokens=1,
+            token_source="server",
+            tokenize_calls=1,
+            marker="KVW-AAAA-BBBB-CCCC",
+            marker_depth=0.0,
+            streamed=True,
+            slot=1000,
+        )
+    )
+    clock.now += timedelta(seconds=30)
+    assert not store.claim_slot("ep", "under", 1000, "b", ttl=60)  # still a's
+    assert store.expired_slots(0) == []
+    clock.now += timedelta(seconds=31)
+    assert store.expired_slots(0) == [("ep", "under", 1000)]
+    assert store.expired_slots(1001) == []
+    assert store.claim_slot("ep", "under", 1000, "b", ttl=60)
+    row = store.get_probe(dead)
+    assert row is not None and row.state is ProbeState.INTERRUPTED and row.slot == 1000
+    assert not store.claim_slot("ep", "under", 1000, "c", ttl=60)
