@@ -311,6 +311,8 @@ class Daemon:
             scheduler = ProbeScheduler(built.runner)
             self._scheduler = scheduler
             scheduler.start(built.targets)
+            sweeping = asyncio.create_task(scheduler.sweep_expired(built.store), name="sweep")
+            stack.push_async_callback(_cancel, sweeping)
             pruning = asyncio.create_task(
                 retention_loop(built.store, config.retention), name="retention"
             )

@@ -102,14 +102,40 @@ class ProbeRunner:
     excerpt_chars: int = EXCERPT_CHARS
     alert_hook: AlertHook | None = None
 
+    async def run_slot(self, target: Target, kind: ProbeKind, slot: int) -> list[ProbeReport]:
+        """Run a scheduled slot if this replica wins its claim (several replicas may share a
+        database: each slot runs once). An unfinished slot's claim expires and is retried."""
+        spec = target.spec
+        # Long enough for the probe and its confirmation, each up to its deadline.
+        ttl = 2 * spec.timeouts[kind] + 30
+        claimed = await asyncio.to_thread(
+            self.store.claim_slot, spec.name, kind.value, slot, self.replica, ttl
+        )
+        if not claimed:
+            log.debug("slot_taken", endpoint=spec.name, kind=kind.value, slot=slot)
+            return []
+        reports = await self.run_checked(target, kind, slot=slot)
+        await asyncio.to_thread(
+            self.store.complete_slot, spec.name, kind.value, slot, reports[-1].probe_id
+        )
+        return reports
+
     async def run_checked(
-        self, target: Target, kind: ProbeKind, progress: ProgressCallback | None = None
+        self,
+        target: Target,
+        kind: ProbeKind,
+        progress: ProgressCallback | None = None,
+        *,
+        slot: int | None = None,
     ) -> list[ProbeReport]:
         """Run a probe and, on a critical verdict, its confirmation probe at once."""
-        first = await self.run(target, kind, progress=progress)
+        first = await self.run(target, kind, progress=progress, slot=slot)
         reports = [first]
         if target.spec.confirm and SEVERITY[first.verdict] is Severity.CRITICAL:
-            reports.append(await self.run(target, kind, confirms=first.probe_id, progress=progress))
+            confirm = await self.run(
+                target, kind, confirms=first.probe_id, progress=progress, slot=slot
+            )
+            reports.append(confirm)
         return reports
 
     async def run(
@@ -119,6 +145,7 @@ class ProbeRunner:
         *,
         confirms: int | None = None,
         progress: ProgressCallback | None = None,
+        slot: int | None = None,
     ) -> ProbeReport:
         spec = target.spec
         marker = markers.new_marker()
@@ -153,6 +180,7 @@ class ProbeRunner:
                 marker_depth=plan.marker_depth if plan else 0.0,
                 streamed=spec.stream,
                 confirms_probe_id=confirms,
+                slot=slot,
             ),
         )
         try:

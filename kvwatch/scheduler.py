@@ -20,12 +20,24 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from kvwatch.canary.model import ProbeKind
 from kvwatch.runner import ProbeRunner, Target
+from kvwatch.store.errors import StoreError
+from kvwatch.store.repository import Store
 
 log = structlog.get_logger("kvwatch.scheduler")
 
 
 def job_id(endpoint: str, kind: ProbeKind) -> str:
     return f"{endpoint}:{kind.value}"
+
+
+# Runs fire on multiples of the interval since the epoch (plus jitter), so every replica
+# computes the same slot for the same run and the database claim lets one of them run it.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def slot_for(when: float, interval: float) -> int:
+    """The slot (start, in epoch seconds) that a run at ``when`` belongs to."""
+    return int(when // interval * interval)
 
 
 class ProbeScheduler:
@@ -40,6 +52,7 @@ class ProbeScheduler:
         self._runner = runner
         self._scheduler = AsyncIOScheduler(timezone=UTC)
         self._tasks: set[asyncio.Task[object]] = set()
+        self._targets: dict[str, Target] = {}
         self._first_run_within = first_run_within
         self._rng = rng or random.Random()
         self._clock = clock
@@ -51,6 +64,7 @@ class ProbeScheduler:
 
     def add(self, target: Target) -> None:
         spec = target.spec
+        self._targets[spec.name] = target
         for kind in spec.probes:
             # Spread first runs over a few seconds: results show up quickly after a start
             # without every endpoint's canary landing in the same instant.
@@ -59,6 +73,7 @@ class ProbeScheduler:
                 self._run,
                 IntervalTrigger(
                     seconds=spec.interval_seconds,
+                    start_date=EPOCH,
                     jitter=spec.jitter_seconds or None,
                     timezone=UTC,
                 ),
@@ -73,9 +88,43 @@ class ProbeScheduler:
             )
 
     def remove(self, endpoint: str, kinds: Iterable[ProbeKind]) -> None:
+        target = self._targets.get(endpoint)
+        if target is not None:
+            left = [k for k in target.spec.probes if k not in set(kinds)]
+            if not left:
+                del self._targets[endpoint]
         for kind in kinds:
             if self._scheduler.get_job(job_id(endpoint, kind)):
                 self._scheduler.remove_job(job_id(endpoint, kind))
+
+    async def sweep_expired(self, store: Store, every: float = 15.0) -> None:
+        """Retry slots whose claim expired undone: their replica died mid-probe.
+
+        Every replica sweeps; the takeover in ``claim_slot`` lets exactly one of them win.
+        """
+        while True:
+            await asyncio.sleep(every)
+            if not self._targets:
+                continue
+            # Old enough for a claim to have expired (two deadlines and a margin, as
+            # run_slot sets), plus two intervals and two sweeps of slack.
+            horizon = max(
+                2 * max(t.spec.timeouts.values()) + 30 + 2 * t.spec.interval_seconds + 2 * every
+                for t in self._targets.values()
+            )
+            try:
+                expired = await asyncio.to_thread(
+                    store.expired_slots, int(self._clock().timestamp() - horizon)
+                )
+            except StoreError as exc:
+                log.warning("sweep_failed", error=str(exc))
+                continue
+            for endpoint, kind, slot in expired:
+                target = self._targets.get(endpoint)
+                if target is None or kind not in {k.value for k in target.spec.probes}:
+                    continue
+                log.info("slot_retry", endpoint=endpoint, kind=kind, slot=slot)
+                self.run_slot_now(target, ProbeKind(kind), slot)
 
     @property
     def running(self) -> bool:
@@ -85,12 +134,20 @@ class ProbeScheduler:
     def in_flight(self) -> int:
         return len(self._tasks)
 
-    async def _run(self, target: Target, kind: ProbeKind) -> None:
+    def run_slot_now(self, target: Target, kind: ProbeKind, slot: int) -> None:
+        """Retry a slot whose claim expired (its replica died), outside the schedule."""
+        asyncio.get_running_loop().create_task(
+            self._run(target, kind, slot), name=f"retry:{job_id(target.spec.name, kind)}"
+        )
+
+    async def _run(self, target: Target, kind: ProbeKind, slot: int | None = None) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        if slot is None:
+            slot = slot_for(self._clock().timestamp(), target.spec.interval_seconds)
         try:
-            await self._runner.run_checked(target, kind)
+            await self._runner.run_slot(target, kind, slot)
         except asyncio.CancelledError:
             raise
         except Exception:
