@@ -1,0 +1,530 @@
+"""Proxy mode: the simulator's faults injected in front of a real engine.
+
+Each endpoint ``NAME`` is served under ``/NAME/`` like the simulator's, but every request goes
+to one real engine (``upstream``: its root URL, e.g. llama-server's ``http://host:port``), and
+the endpoint's :class:`FaultMode` changes the request or the reply on the way. So each fault
+verdict can be shown against a real model's answers, not only the simulator's own "model".
+
+What each fault does here (prompt sizes are the upstream's own count, ``/apply-template`` then
+``/tokenize`` with ``add_special``, the llama.cpp dialect; the simulator speaks it too):
+
+- ``stale_kv``: a prompt over ``kv_pool`` is not sent; the upstream gets the last prompt this
+  endpoint served whole (the "stale pages") or, with none yet, an empty one-message chat (the
+  placeholder). The real model answers from that other request's text, so it repeats the
+  *other* marker, and usage reports 1 prompt token (the placeholder the incident swapped in).
+- ``truncate_head`` / ``truncate_tail``: a prompt over ``kv_pool`` keeps the last / first
+  ``kv_pool`` tokens. The cut is made on the upstream's own token pieces of the last message
+  (``/tokenize`` ``with_pieces``), so the templated prompt lands on ``kv_pool`` give or take
+  the few tokens the re-joined text re-merges into.
+- ``accept_over_limit``: an upstream context-length rejection is retried with the prompt's
+  first ``window - max_tokens`` tokens (``window`` from the endpoint's spec), so the client
+  gets the real model's 200.
+- ``wrong_status``: an upstream context-length rejection becomes a generic 500.
+- ``stream_error_frame``: a streamed prompt over ``kv_pool`` is forwarded, the real model's
+  first content chunk is relayed, then an error frame and ``[DONE]`` end the stream. Not
+  streamed, it is answered 500 without reaching the upstream.
+
+``report_usage: sent`` makes a cut or swapped prompt report the tokens sent instead of the
+tokens the upstream read (an engine that lies about usage). Everything else (``/v1/models``,
+``/tokenize``, ``/apply-template``, ``/props``, ``/slots``, ``/health``, ...) is passed through
+unchanged, as is a request no fault applies to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from kvwatch.canary.model import Rejection
+from kvwatch.engines.rejections import classify_rejection
+from kvwatch.simulator import errors
+from kvwatch.simulator.model import PLACEHOLDER_TOKENS
+from kvwatch.simulator.server import _bind, _EmbeddedServer
+from kvwatch.simulator.spec import FaultMode, SimEndpoint
+
+PROXY_FAULTS = frozenset(
+    {
+        FaultMode.HEALTHY,
+        FaultMode.STALE_KV,
+        FaultMode.TRUNCATE_HEAD,
+        FaultMode.TRUNCATE_TAIL,
+        FaultMode.ACCEPT_OVER_LIMIT,
+        FaultMode.STREAM_ERROR_FRAME,
+        FaultMode.WRONG_STATUS,
+    }
+)
+# Faults that need the prompt's size before anything is sent.
+_POOL_FAULTS = frozenset(
+    {
+        FaultMode.STALE_KV,
+        FaultMode.TRUNCATE_HEAD,
+        FaultMode.TRUNCATE_TAIL,
+        FaultMode.STREAM_ERROR_FRAME,
+    }
+)
+# Request headers worth passing on; hop-by-hop ones and the length (re-computed) are not.
+_FORWARDED_HEADERS = ("authorization", "x-api-key", "content-type", "accept")
+_FRAME_END = re.compile(rb"\r?\n\r?\n")
+_DONE = b"data: [DONE]\n\n"
+
+Messages = list[dict[str, Any]]
+
+
+class ProxyError(Exception):
+    """A request the proxy cannot fault as asked (answered 400 to the client)."""
+
+
+def check_proxy_fault(endpoint: SimEndpoint) -> None:
+    """Raise ``ValueError`` when ``endpoint``'s fault has no proxy-mode equivalent."""
+    if endpoint.fault not in PROXY_FAULTS:
+        supported = ", ".join(sorted(f.value for f in PROXY_FAULTS))
+        raise ValueError(
+            f"endpoint {endpoint.name}: fault {endpoint.fault.value} is not available in proxy "
+            f"mode (a real model cannot be made to forget, throttle or fail on cue); use one "
+            f"of: {supported}"
+        )
+
+
+@dataclass(slots=True)
+class ProxyStats:
+    requests: int = 0
+    forwarded: int = 0
+    injected: int = 0  # requests a fault changed
+
+    def as_dict(self) -> dict[str, int]:
+        return {"requests": self.requests, "forwarded": self.forwarded, "injected": self.injected}
+
+
+@dataclass(slots=True)
+class ProxyEndpoint:
+    """One proxied endpoint's state: its fault, its stale prompt, its counters."""
+
+    spec: SimEndpoint
+    fault: FaultMode
+    stale: Messages | None = None  # the last prompt served whole: what stale pages hold
+    stats: ProxyStats = field(default_factory=ProxyStats)
+
+
+class Upstream:
+    """The real engine: passes requests on and counts prompts in its own tokens."""
+
+    def __init__(self, root_url: str, client: httpx.AsyncClient) -> None:
+        self.root_url = root_url.rstrip("/").removesuffix("/v1")
+        self.client = client
+
+    async def count_prompt(self, messages: Messages, headers: dict[str, str]) -> int:
+        """Prompt tokens of a chat as the upstream counts them (template and BOS included)."""
+        rendered = await self._post("/apply-template", {"messages": messages}, headers)
+        prompt = rendered.get("prompt")
+        if not isinstance(prompt, str):
+            raise ProxyError("upstream /apply-template answered without a prompt")
+        return len(await self._tokens(prompt, headers, add_special=True))
+
+    async def pieces(self, text: str, headers: dict[str, str]) -> list[str]:
+        """``text`` as the upstream's token pieces, which concatenate back to ``text``."""
+        tokens = await self._tokens(text, headers, add_special=False, with_pieces=True)
+        out = [t.get("piece") for t in tokens if isinstance(t, dict)]
+        if len(out) != len(tokens) or not all(isinstance(p, str) for p in out):
+            raise ProxyError("upstream /tokenize gave no text pieces (with_pieces)")
+        return [p for p in out if isinstance(p, str)]
+
+    async def _tokens(self, text: str, headers: dict[str, str], **options: bool) -> list[Any]:
+        body = await self._post("/tokenize", {"content": text, **options}, headers)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list):
+            raise ProxyError("upstream /tokenize answered without tokens")
+        return tokens
+
+    async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
+        reply = await self.client.post(f"{self.root_url}{path}", json=body, headers=headers)
+        if reply.status_code != 200:
+            raise ProxyError(f"upstream {path} answered {reply.status_code}")
+        payload = reply.json()
+        if not isinstance(payload, dict):
+            raise ProxyError(f"upstream {path} answered with no JSON object")
+        return payload
+
+
+def _headers(request: Request) -> dict[str, str]:
+    return {k: v for k in _FORWARDED_HEADERS if (v := request.headers.get(k)) is not None}
+
+
+def _last_text(messages: Messages) -> tuple[int, str]:
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if isinstance(message, dict) and isinstance(message.get("content"), str):
+            return index, message["content"]
+    raise ProxyError("proxy mode cuts prompts only in messages with string content")
+
+
+def _replace_text(messages: Messages, index: int, text: str) -> Messages:
+    out = [dict(m) for m in messages]
+    out[index]["content"] = text
+    return out
+
+
+async def cut_prompt(
+    upstream: Upstream,
+    messages: Messages,
+    *,
+    sent: int,
+    keep: int,
+    keep_head: bool,
+    headers: dict[str, str],
+) -> Messages:
+    """``messages`` with the last message cut so the prompt keeps about ``keep`` of ``sent``
+    tokens: its first tokens when ``keep_head``, else its last."""
+    index, text = _last_text(messages)
+    pieces = await upstream.pieces(text, headers)
+    drop = min(len(pieces), max(0, sent - keep))
+    kept = pieces[: len(pieces) - drop] if keep_head else pieces[drop:]
+    return _replace_text(messages, index, "".join(kept))
+
+
+def _rewrite_usage(payload: Any, prompt_tokens: int) -> Any:
+    """Make a completion (or chunk) report ``prompt_tokens``; drop timings that would not."""
+    if not isinstance(payload, dict):
+        return payload
+    usage = payload.get("usage")
+    if isinstance(usage, dict):
+        completion = usage.get("completion_tokens")
+        usage["prompt_tokens"] = prompt_tokens
+        if isinstance(completion, int):
+            usage["total_tokens"] = prompt_tokens + completion
+        usage.pop("prompt_tokens_details", None)
+    # llama.cpp's timings count what was prefilled: they would contradict the rewritten usage.
+    payload.pop("timings", None)
+    return payload
+
+
+async def _frames(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The upstream's event stream split into whole frames (each without its blank line)."""
+    buffer = b""
+    async for chunk in response.aiter_bytes():
+        buffer += chunk
+        while (match := _FRAME_END.search(buffer)) is not None:
+            yield buffer[: match.start()]
+            buffer = buffer[match.end() :]
+    if buffer.strip():
+        yield buffer
+
+
+def _frame_payload(frame: bytes) -> Any:
+    data = b"\n".join(line[5:].lstrip() for line in frame.splitlines() if line.startswith(b"data:"))
+    if not data or data == b"[DONE]":
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def _has_content(payload: Any) -> bool:
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if not isinstance(choices, list):
+        return False
+    return any(
+        isinstance(c, dict) and isinstance(c.get("delta"), dict) and c["delta"].get("content")
+        for c in choices
+    )
+
+
+class _Relay:
+    """Streams an upstream reply to the client, optionally rewriting or cutting it."""
+
+    def __init__(
+        self,
+        response: httpx.Response,
+        *,
+        rewrite: Callable[[Any], Any] | None = None,
+        error_after_content: dict[str, Any] | None = None,
+    ) -> None:
+        self.response = response
+        self.rewrite = rewrite
+        self.error_after_content = error_after_content
+
+    async def __call__(self) -> AsyncIterator[bytes]:
+        try:
+            async for frame in _frames(self.response):
+                payload = _frame_payload(frame)
+                if payload is not None and self.rewrite is not None:
+                    frame = b"data: " + json.dumps(self.rewrite(payload)).encode()
+                yield frame + b"\n\n"
+                if self.error_after_content is not None and _has_content(payload):
+                    # The KV cache "runs out" once decoding has begun: 200, real tokens, then
+                    # the engine's error frame; the upstream's remaining answer is dropped.
+                    yield b"data: " + json.dumps(self.error_after_content).encode() + b"\n\n"
+                    yield _DONE
+                    return
+        finally:
+            await self.response.aclose()
+
+
+class ProxyApp:
+    """The ASGI app's logic: one instance per running proxy."""
+
+    def __init__(self, upstream: Upstream, endpoints: Sequence[SimEndpoint]) -> None:
+        self.upstream = upstream
+        self.endpoints: dict[str, ProxyEndpoint] = {}
+        for spec in endpoints:
+            check_proxy_fault(spec)
+            if spec.name in self.endpoints:
+                raise ValueError(f"duplicate proxied endpoint name {spec.name!r}")
+            self.endpoints[spec.name] = ProxyEndpoint(spec, spec.fault)
+
+    def endpoint(self, request: Request) -> ProxyEndpoint:
+        name = request.path_params["name"]
+        state = self.endpoints.get(name)
+        if state is None:
+            raise ProxyError(f"no proxied endpoint named {name!r}")
+        return state
+
+    async def chat(self, request: Request) -> Response:
+        try:
+            state = self.endpoint(request)
+        except ProxyError as exc:
+            return JSONResponse({"error": {"message": str(exc), "code": 404}}, 404)
+        state.stats.requests += 1
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if not isinstance(body, dict) or not isinstance(messages, list) or not messages:
+            # Nothing to fault: let the upstream answer the malformed request its own way.
+            return await self._forward(request, "/v1/chat/completions", raw)
+        try:
+            return await self._chat(state, request, body, messages)
+        except ProxyError as exc:
+            error = errors.error_body(state.spec.flavour, 400, f"proxy: {exc}")
+            return JSONResponse(error, 400)
+
+    async def _chat(
+        self, state: ProxyEndpoint, request: Request, body: dict[str, Any], messages: Messages
+    ) -> Response:
+        spec, fault, headers = state.spec, state.fault, _headers(request)
+        stream = bool(body.get("stream"))
+        sent = 0
+        if fault in _POOL_FAULTS:
+            sent = await self.upstream.count_prompt(messages, headers)
+        over_pool = sent > spec.pool_tokens
+
+        def usage(read: int | None) -> Callable[[Any], Any] | None:
+            """What usage must show: the tokens sent when the endpoint lies about usage, else
+            ``read`` (``None``: the upstream's own figure, which is what it read)."""
+            value = sent if spec.report_usage == "sent" else read
+            return None if value is None else (lambda payload: _rewrite_usage(payload, value))
+
+        if over_pool and fault is FaultMode.STALE_KV:
+            state.stats.injected += 1
+            # The stale pages: another request's prompt, or nothing worth recalling.
+            stale = state.stale or [{"role": "user", "content": ""}]
+            return await self._send(body | {"messages": stale}, headers, usage(PLACEHOLDER_TOKENS))
+        if over_pool and fault in (FaultMode.TRUNCATE_HEAD, FaultMode.TRUNCATE_TAIL):
+            state.stats.injected += 1
+            cut = await cut_prompt(
+                self.upstream,
+                messages,
+                sent=sent,
+                keep=spec.pool_tokens,
+                keep_head=fault is FaultMode.TRUNCATE_TAIL,
+                headers=headers,
+            )
+            return await self._send(body | {"messages": cut}, headers, usage(None))
+        if over_pool and fault is FaultMode.STREAM_ERROR_FRAME:
+            state.stats.injected += 1
+            message = (
+                f"KV cache exhausted: cannot allocate blocks for {sent} prompt tokens "
+                f"(the pool holds {spec.pool_tokens})"
+            )
+            if not stream:
+                return JSONResponse(errors.error_body(spec.flavour, 500, message), 500)
+            frame = errors.stream_error_frame(spec.flavour, message)
+            return await self._send(body, headers, error_after_content=frame)
+
+        reply = await self._send(body, headers, remember=state)
+        if fault in (FaultMode.ACCEPT_OVER_LIMIT, FaultMode.WRONG_STATUS) and _is_context(reply):
+            state.stats.injected += 1
+            if fault is FaultMode.WRONG_STATUS:
+                return JSONResponse(
+                    errors.error_body(spec.flavour, 500, "Internal server error"), 500
+                )
+            sent = await self.upstream.count_prompt(messages, headers)
+            max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+            # The head that leaves room for the answer under any engine's admission rule.
+            room = spec.window - (max_tokens if isinstance(max_tokens, int) else 1)
+            cut = await cut_prompt(
+                self.upstream, messages, sent=sent, keep=room, keep_head=True, headers=headers
+            )
+            return await self._send(body | {"messages": cut}, headers, usage(None))
+        return reply
+
+    async def _send(
+        self,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        rewrite: Callable[[Any], Any] | None = None,
+        *,
+        error_after_content: dict[str, Any] | None = None,
+        remember: ProxyEndpoint | None = None,
+    ) -> Response:
+        """POST ``body`` to the upstream's chat completions; relay (and maybe alter) the reply.
+
+        With ``remember``, a 200 reply makes this prompt that endpoint's stale pages.
+        """
+        url = f"{self.upstream.root_url}/v1/chat/completions"
+        upstream_request = self.upstream.client.build_request(
+            "POST", url, json=body, headers=headers
+        )
+        response = await self.upstream.client.send(upstream_request, stream=True)
+        if remember is not None:
+            remember.stats.forwarded += 1
+            if response.status_code == 200:
+                remember.stale = list(body["messages"])
+        content_type = response.headers.get("content-type", "application/json")
+        if content_type.startswith("text/event-stream"):
+            relay = _Relay(response, rewrite=rewrite, error_after_content=error_after_content)
+            return StreamingResponse(relay(), response.status_code, media_type="text/event-stream")
+        try:
+            raw = await response.aread()
+        finally:
+            await response.aclose()
+        if rewrite is not None and response.status_code == 200:
+            raw = json.dumps(rewrite(json.loads(raw))).encode()
+        return Response(raw, response.status_code, media_type=content_type)
+
+    async def passthrough(self, request: Request) -> Response:
+        try:
+            self.endpoint(request)
+        except ProxyError as exc:
+            return JSONResponse({"error": {"message": str(exc), "code": 404}}, 404)
+        return await self._forward(request, "/" + request.path_params["path"], None)
+
+    async def _forward(self, request: Request, path: str, body: bytes | None) -> Response:
+        content = await request.body() if body is None else body
+        reply = await self.upstream.client.request(
+            request.method,
+            f"{self.upstream.root_url}{path}",
+            content=content or None,
+            params=request.query_params,
+            headers=_headers(request),
+        )
+        media = reply.headers.get("content-type", "application/json")
+        return Response(reply.content, reply.status_code, media_type=media)
+
+    async def set_fault(self, request: Request) -> Response:
+        try:
+            state = self.endpoint(request)
+            fault = FaultMode(str(json.loads(await request.body()).get("fault")))
+            check_proxy_fault(SimEndpoint(state.spec.name, fault=fault))
+        except (ProxyError, ValueError, AttributeError) as exc:
+            return JSONResponse({"error": {"message": str(exc), "code": 400}}, 400)
+        state.fault = fault
+        return JSONResponse({"name": state.spec.name, "fault": fault.value})
+
+    async def stats(self, request: Request) -> Response:
+        return JSONResponse(
+            {
+                name: {**state.stats.as_dict(), "fault": state.fault.value}
+                for name, state in self.endpoints.items()
+            }
+        )
+
+
+def _is_context(reply: Response) -> bool:
+    """Whether a buffered upstream reply is a context-length rejection."""
+    if isinstance(reply, StreamingResponse) or not 400 <= reply.status_code < 500:
+        return False
+    return classify_rejection(reply.status_code, bytes(reply.body)) is Rejection.CONTEXT_LENGTH
+
+
+def build_proxy_app(upstream: Upstream, endpoints: Sequence[SimEndpoint]) -> Starlette:
+    proxy = ProxyApp(upstream, endpoints)
+    app = Starlette(
+        routes=[
+            Route("/_sim/stats", proxy.stats, methods=["GET"]),
+            Route("/{name}/_sim/fault", proxy.set_fault, methods=["PUT"]),
+            Route("/{name}/v1/chat/completions", proxy.chat, methods=["POST"]),
+            Route("/{name}/{path:path}", proxy.passthrough, methods=["GET", "POST"]),
+        ]
+    )
+    app.state.proxy = proxy
+    return app
+
+
+class RunningProxy:
+    """A proxy serving on a real socket; ``url_for(name)`` is what kvwatch's ``url`` takes."""
+
+    def __init__(self, proxy: ProxyApp, host: str, port: int) -> None:
+        self.proxy = proxy
+        self.host = host
+        self.port = port
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def url_for(self, name: str) -> str:
+        if name not in self.proxy.endpoints:
+            raise KeyError(f"no proxied endpoint named {name!r}")
+        return f"{self.base_url}/{name}/v1"
+
+    @property
+    def endpoints(self) -> list[SimEndpoint]:
+        return [state.spec for state in self.proxy.endpoints.values()]
+
+    def set_fault(self, name: str, fault: FaultMode | str) -> None:
+        chosen = FaultMode(fault)
+        check_proxy_fault(SimEndpoint(name, fault=chosen))
+        self.proxy.endpoints[name].fault = chosen
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        return {name: state.stats.as_dict() for name, state in self.proxy.endpoints.items()}
+
+
+@contextlib.asynccontextmanager
+async def run_proxy(
+    upstream_url: str,
+    endpoints: Sequence[SimEndpoint],
+    host: str = "127.0.0.1",
+    port: int = 0,
+) -> AsyncIterator[RunningProxy]:
+    """Serve ``endpoints`` in front of the engine at ``upstream_url`` until the block exits."""
+    # No kept-alive upstream connections: llama-server may close one after a stream without
+    # saying so, and the next request on it would fail (docs/llamacpp-facts.md).
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+        upstream = Upstream(upstream_url, client)
+        app = build_proxy_app(upstream, endpoints)
+        sock = _bind(host, port)
+        bound_port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30
+        )
+        server = _EmbeddedServer(config)
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        try:
+            while not server.started:
+                if task.done():
+                    task.result()
+                    raise RuntimeError("proxy stopped before it started")
+                await asyncio.sleep(0.01)
+            yield RunningProxy(app.state.proxy, host, bound_port)
+        finally:
+            server.should_exit = True
+            await task
+            sock.close()

@@ -1,0 +1,163 @@
+"""Proxy mode against kvwatch's own simulator as the upstream engine.
+
+The real-model versions of these verdicts are in tests/realengine/test_proxy_faults.py; here
+the upstream is the simulator (llama.cpp flavour), so every fault path runs in milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from kvwatch.canary.model import ProbeKind, Verdict
+from kvwatch.runner import ProbeRunner, Target
+from kvwatch.simulator.proxy import PROXY_FAULTS, RunningProxy, run_proxy
+from kvwatch.simulator.server import RunningSimulator, run_simulator
+from kvwatch.simulator.spec import FaultMode, SimEndpoint
+from kvwatch.store.repository import Store
+from tests.helpers.targets import config_for, sim_endpoint_entry, targets_and_runner
+
+UNDER, OVER, BASE = ProbeKind.UNDER, ProbeKind.OVER, ProbeKind.BASELINE
+WINDOW, POOL = 4096, 3072
+
+
+def proxied(name: str, fault: FaultMode, **extra: str) -> SimEndpoint:
+    return SimEndpoint(name, window=WINDOW, kv_pool=POOL, fault=fault, flavour="llamacpp", **extra)
+
+
+PROXIED = [
+    proxied("healthy", FaultMode.HEALTHY),
+    proxied("stale", FaultMode.STALE_KV),
+    proxied("head", FaultMode.TRUNCATE_HEAD),
+    proxied("head-lying", FaultMode.TRUNCATE_HEAD, report_usage="sent"),
+    proxied("tail", FaultMode.TRUNCATE_TAIL),
+    proxied("over-ok", FaultMode.ACCEPT_OVER_LIMIT),
+    proxied("frame", FaultMode.STREAM_ERROR_FRAME),
+    proxied("status", FaultMode.WRONG_STATUS),
+]
+
+
+@dataclass
+class Rig:
+    upstream: RunningSimulator
+    proxy: RunningProxy
+    targets: dict[str, Target]
+    runner: ProbeRunner
+
+
+@pytest.fixture
+async def rig(store: Store) -> AsyncIterator[Rig]:
+    upstream_spec = SimEndpoint("engine", window=WINDOW, flavour="llamacpp")
+    async with (
+        run_simulator([upstream_spec]) as upstream,
+        run_proxy(upstream.root_url_for("engine"), PROXIED) as proxy,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        entries = [sim_endpoint_entry(proxy, ep.name, flavour="llamacpp") for ep in PROXIED]
+        config = config_for(entries, database="sqlite:///unused.db", defaults={"confirm": False})
+        targets, runner, _metrics = targets_and_runner(config, store, client)
+        yield Rig(upstream, proxy, targets, runner)
+
+
+CASES = [
+    ("healthy", UNDER, Verdict.PASS),
+    ("healthy", OVER, Verdict.PASS),
+    ("healthy", BASE, Verdict.PASS),
+    ("stale", UNDER, Verdict.TRUNCATED),
+    ("head", UNDER, Verdict.TRUNCATED),
+    ("head-lying", UNDER, Verdict.MARKER_MISSING),
+    ("tail", UNDER, Verdict.TRUNCATED),
+    ("over-ok", OVER, Verdict.OVER_ACCEPTED),
+    ("frame", UNDER, Verdict.STREAM_ERROR),
+    ("status", OVER, Verdict.WRONG_REJECTION),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "kind", "verdict"), CASES)
+async def test_each_proxied_fault_yields_its_verdict(
+    rig: Rig, endpoint: str, kind: ProbeKind, verdict: Verdict
+) -> None:
+    """kvwatch probing through the proxy sees each injected fault as DESIGN §2 names it."""
+    report = await rig.runner.run(rig.targets[endpoint], kind)
+    assert report.verdict is verdict, report.reason
+
+
+async def test_stale_kv_serves_the_previous_prompt_so_its_marker_leaks(rig: Rig) -> None:
+    """The upstream answers an earlier probe's prompt: the under probe carries its marker."""
+    baseline = await rig.runner.run(rig.targets["stale"], BASE)
+    assert baseline.verdict is Verdict.PASS, baseline.reason
+    under = await rig.runner.run(rig.targets["stale"], UNDER)
+    assert under.verdict is Verdict.FOREIGN_MARKER, under.reason
+    assert [f.probe_id for f in under.foreign] == [baseline.probe_id]
+    assert under.reported_prompt_tokens == 1
+
+
+async def test_a_truncated_prompt_reports_what_the_upstream_read(rig: Rig) -> None:
+    """truncate_tail keeps the head: about kv_pool tokens read, the marker still there."""
+    report = await rig.runner.run(rig.targets["tail"], UNDER)
+    assert report.verdict is Verdict.TRUNCATED
+    assert report.marker_found
+    assert report.reported_prompt_tokens is not None
+    assert abs(report.reported_prompt_tokens - POOL) <= 2
+    assert rig.proxy.stats()["tail"]["injected"] == 1
+
+
+async def test_healthy_requests_and_engine_routes_pass_through_unchanged(rig: Rig) -> None:
+    """tokenize, apply-template, props, models and health answer as the upstream does."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        for method, path, body in [
+            ("POST", "/tokenize", {"content": "Hello there, world", "with_pieces": True}),
+            ("POST", "/apply-template", {"messages": [{"role": "user", "content": "Hi"}]}),
+            ("GET", "/props", None),
+            ("GET", "/v1/models", None),
+            ("GET", "/health", None),
+        ]:
+            direct = await client.request(
+                method, rig.upstream.root_url_for("engine") + path, json=body
+            )
+            via = await client.request(method, f"{rig.proxy.base_url}/healthy{path}", json=body)
+            assert via.status_code == direct.status_code == 200, path
+            if path != "/v1/models":  # the model card carries a fresh "created" time
+                assert via.json() == direct.json(), path
+
+
+async def test_a_non_streamed_stream_error_fault_is_a_500(rig: Rig) -> None:
+    """Without a stream there is no frame to fail in: the proxy answers 500 at once."""
+    text = "word " * (POOL + 10)
+    async with httpx.AsyncClient(timeout=10) as client:
+        reply = await client.post(
+            f"{rig.proxy.url_for('frame')}/chat/completions",
+            json={"messages": [{"role": "user", "content": text}], "max_tokens": 8},
+        )
+    assert reply.status_code == 500
+    assert "KV cache exhausted" in reply.json()["error"]["message"]
+
+
+async def test_the_fault_can_be_switched_while_running(rig: Rig) -> None:
+    """PUT /NAME/_sim/fault changes the fault; one with no proxy equivalent is refused."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        url = f"{rig.proxy.base_url}/healthy/_sim/fault"
+        ok = await client.put(url, json={"fault": "wrong_status"})
+        refused = await client.put(url, json={"fault": "no_recall"})
+    assert ok.status_code == 200
+    assert refused.status_code == 400
+    report = await rig.runner.run(rig.targets["healthy"], OVER)
+    assert report.verdict is Verdict.WRONG_REJECTION
+
+
+async def test_faults_a_real_model_cannot_act_out_are_refused_at_start() -> None:
+    """no_recall, throttled, server_error and window_not_served have no proxy equivalent."""
+    unsupported = [f for f in FaultMode if f not in PROXY_FAULTS]
+    assert {f.value for f in unsupported} == {
+        "no_recall",
+        "throttled",
+        "server_error",
+        "window_not_served",
+    }
+    for fault in unsupported:
+        with pytest.raises(ValueError, match="not available in proxy mode"):
+            async with run_proxy("http://127.0.0.1:9", [SimEndpoint("x", fault=fault)]):
+                pass
