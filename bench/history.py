@@ -169,8 +169,11 @@ def _fill_postgres(engine: Engine, total: int, ids: dict[str, int], end: datetim
             for row in _rows(total, end, ids):
                 copy.write_row(row)
         raw.commit()
-        cursor.execute("ANALYZE probes")
         raw.commit()
+        # What autovacuum does in production: statistics, and the visibility map that lets
+        # the covering index answer a chart without touching the table.
+        raw.autocommit = True  # type: ignore[attr-defined]
+        cursor.execute("VACUUM ANALYZE probes")
     finally:
         raw.close()
 
