@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from kvwatch.simulator.fleet import demo_fleet
+from kvwatch.simulator.proxy import run_proxy
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, Flavour, SimEndpoint
 
@@ -97,15 +98,22 @@ async def serve(
     port: int,
     echo: Callable[[str], None],
     stop: asyncio.Event | None = None,
+    proxy: str | None = None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM (or until ``stop`` is set)."""
+    """Serve until SIGINT/SIGTERM (or until ``stop`` is set); in front of ``proxy`` if given."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with run_simulator(endpoints, host=host, port=port) as sim:
-            echo(f"kvwatch simulator on {sim.base_url} ({len(endpoints)} endpoints)")
+        running = (
+            run_simulator(endpoints, host=host, port=port)
+            if proxy is None
+            else run_proxy(proxy, endpoints, host=host, port=port)
+        )
+        async with running as sim:
+            mode = "simulator" if proxy is None else f"proxy to {proxy}"
+            echo(f"kvwatch {mode} on {sim.base_url} ({len(endpoints)} endpoints)")
             for endpoint in endpoints:
                 echo(describe(endpoint, sim.url_for(endpoint.name)))
             echo(f"stats: {sim.base_url}/_sim/stats · Ctrl-C to stop")
@@ -143,7 +151,15 @@ async def serve(
     help="Serve the demo fleet (one healthy endpoint, one per fault); the default without "
     "--endpoint, added to the given endpoints with it.",
 )
-def simulate(listen: tuple[str, int], endpoints: tuple[SimEndpoint, ...], demo: bool) -> None:
+@click.option(
+    "--proxy",
+    metavar="URL",
+    help="Forward every endpoint to the real engine at URL (its root, e.g. llama-server's "
+    "http://HOST:PORT) and inject each endpoint's fault on the way. Needs --endpoint.",
+)
+def simulate(
+    listen: tuple[str, int], endpoints: tuple[SimEndpoint, ...], demo: bool, proxy: str | None
+) -> None:
     """Serve fake OpenAI-compatible LLM endpoints that fail like real ones.
 
     Each endpoint NAME answers at http://HOST:PORT/NAME/v1 (put that in kvwatch's `url`).
@@ -151,12 +167,16 @@ def simulate(listen: tuple[str, int], endpoints: tuple[SimEndpoint, ...], demo: 
     data, truncation, limits not enforced, wrong rejections.
     """
     chosen = list(endpoints)
+    if proxy is not None and (demo or not chosen):
+        raise click.UsageError(
+            "--proxy needs --endpoint (the demo fleet has simulator-only faults)"
+        )
     if demo or not chosen:
         chosen.extend(demo_fleet())
     host, port = listen
     try:
-        asyncio.run(serve(chosen, host, port, click.echo))
-    except ValueError as exc:  # duplicate names
+        asyncio.run(serve(chosen, host, port, click.echo, proxy=proxy))
+    except ValueError as exc:  # duplicate names, a fault proxy mode cannot act out
         raise click.UsageError(str(exc)) from exc
     except OSError as exc:
         raise click.ClickException(

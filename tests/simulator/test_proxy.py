@@ -6,14 +6,18 @@ the upstream is the simulator (llama.cpp flavour), so every fault path runs in m
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
 from kvwatch.canary.model import ProbeKind, Verdict
 from kvwatch.runner import ProbeRunner, Target
+from kvwatch.simulator.command import serve, simulate
 from kvwatch.simulator.proxy import PROXY_FAULTS, RunningProxy, run_proxy
 from kvwatch.simulator.server import RunningSimulator, run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
@@ -161,3 +165,50 @@ async def test_faults_a_real_model_cannot_act_out_are_refused_at_start() -> None
         with pytest.raises(ValueError, match="not available in proxy mode"):
             async with run_proxy("http://127.0.0.1:9", [SimEndpoint("x", fault=fault)]):
                 pass
+
+
+def test_the_command_refuses_proxy_mode_without_endpoints_or_with_a_simulator_only_fault() -> None:
+    """--proxy needs --endpoint, and each endpoint's fault must have a proxy equivalent."""
+    alone = CliRunner().invoke(simulate, ["--proxy", "http://127.0.0.1:9"])
+    assert alone.exit_code == 2
+    assert "--proxy needs --endpoint" in alone.output
+    weak = CliRunner().invoke(
+        simulate,
+        [
+            "--proxy",
+            "http://127.0.0.1:9",
+            "--listen",
+            "127.0.0.1:0",
+            "--endpoint",
+            "name=x,fault=no_recall",
+        ],
+    )
+    assert weak.exit_code == 2
+    assert "fault no_recall is not available in proxy mode" in weak.output
+
+
+async def test_serve_with_a_proxy_url_forwards_each_endpoint_to_the_engine() -> None:
+    """The simulate command's server in proxy mode: endpoint URLs printed, requests forwarded."""
+    lines: list[str] = []
+    stop, ready = asyncio.Event(), asyncio.Event()
+
+    def echo(line: str) -> None:
+        lines.append(line)
+        if line.startswith("stats:"):
+            ready.set()
+
+    endpoint = SimEndpoint("x", window=2048, kv_pool=1536, fault=FaultMode.STALE_KV)
+    async with run_simulator([SimEndpoint("engine", window=2048, flavour="llamacpp")]) as up:
+        task = asyncio.create_task(
+            serve([endpoint], "127.0.0.1", 0, echo, stop, proxy=up.root_url_for("engine"))
+        )
+        await asyncio.wait_for(ready.wait(), timeout=10)
+        assert lines[0].startswith(f"kvwatch proxy to {up.root_url_for('engine')} on http://")
+        url = lines[1].split()[1]
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/x/v1", url)
+        async with httpx.AsyncClient(timeout=10) as client:
+            props = await client.get(url.removesuffix("/v1") + "/props")
+        stop.set()
+        await task
+    assert props.status_code == 200
+    assert props.json()["default_generation_settings"]["n_ctx"] == 2048
