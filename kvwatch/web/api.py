@@ -6,11 +6,12 @@ never blocks the event loop the probes run in.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query
-from pydantic import AwareDatetime
+from pydantic import AwareDatetime, BeforeValidator
 
 from kvwatch.canary.model import ProbeKind, Verdict
 from kvwatch.store.queries import MAX_PAGE, CursorError, HistoryQueries, ProbeFilter
@@ -34,6 +35,16 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
 }
 
 EndpointName = Annotated[str, Path(max_length=200, pattern=NO_NUL)]
+
+
+def _iso_only(value: object) -> object:
+    # pydantic would read a bare number as a Unix timestamp; the schema promises ISO 8601.
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?\s*", value):
+        raise ValueError("must be an ISO 8601 time with a timezone, e.g. 2026-03-01T12:00:00Z")
+    return value
+
+
+Time = Annotated[AwareDatetime, BeforeValidator(_iso_only)]
 
 
 def _bad(exc: Exception) -> HTTPException:
@@ -78,7 +89,7 @@ def build_api(ctx: WebContext) -> APIRouter:
             ),
         ] = "24h",
         until: Annotated[
-            AwareDatetime | None, Query(description="End of the window (default: now).")
+            Time | None, Query(description="End of the window (default: now).")
         ] = None,
     ) -> schemas.EndpointSummary:
         try:
@@ -96,12 +107,8 @@ def build_api(ctx: WebContext) -> APIRouter:
         endpoint: Annotated[str | None, Query(max_length=200, pattern=NO_NUL)] = None,
         kind: ProbeKind | None = None,
         verdict: Verdict | None = None,
-        since: Annotated[
-            AwareDatetime | None, Query(description="Started at or after (inclusive).")
-        ] = None,
-        until: Annotated[
-            AwareDatetime | None, Query(description="Started before (exclusive).")
-        ] = None,
+        since: Annotated[Time | None, Query(description="Started at or after (inclusive).")] = None,
+        until: Annotated[Time | None, Query(description="Started before (exclusive).")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
         before_id: Annotated[
             int | None,
