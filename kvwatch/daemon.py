@@ -37,6 +37,7 @@ from kvwatch.store.lock import sqlite_lock_for
 from kvwatch.store.records import AlertStateRecord
 from kvwatch.store.repository import Store
 from kvwatch.tokens.factory import build_counter
+from kvwatch.tokens.server import PieceCache
 from kvwatch.web.app import WebContext, create_app
 from kvwatch.web.server import embedded_server, split_listen
 
@@ -108,6 +109,8 @@ def build_targets(
     metrics: ProbeMetrics,
 ) -> list[Target]:
     targets = []
+    # Filler piece counts are shared by every endpoint serving the same model.
+    caches: dict[tuple[str, str], PieceCache] = {}
     for spec in specs:
         endpoint_id = store.upsert_endpoint(
             spec.name,
@@ -126,7 +129,8 @@ def build_targets(
             body_limit_bytes=spec.body_limit_bytes,
             client=client,
         )
-        counter = build_counter(spec.tokenizer, engine)
+        cache = caches.setdefault((spec.flavour, spec.model), PieceCache())
+        counter = build_counter(spec.tokenizer, engine, cache)
         metrics.register_endpoint(
             spec.name,
             spec.model,

@@ -5,15 +5,17 @@ from __future__ import annotations
 from kvwatch.engines.base import Engine
 from kvwatch.tokens.base import TokenCounter
 from kvwatch.tokens.local import HFTokenizerCounter, TiktokenCounter
-from kvwatch.tokens.server import ServerTokenCounter
+from kvwatch.tokens.server import PieceCache, ServerTokenCounter
 from kvwatch.tokens.usage import UsageCalibratedCounter
 
 SPEC_HELP = "server | usage | tiktoken:<encoding> | hf:<tokenizer.json>"
 
 
-def build_counter(tokenizer_spec: str, engine: Engine) -> TokenCounter:
+def build_counter(
+    tokenizer_spec: str, engine: Engine, piece_cache: PieceCache | None = None
+) -> TokenCounter:
     if tokenizer_spec == "server":
-        return ServerTokenCounter(engine)
+        return ServerTokenCounter(engine, piece_cache)
     if tokenizer_spec == "usage":
         return UsageCalibratedCounter()
     kind, sep, arg = tokenizer_spec.partition(":")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from kvwatch.canary.model import Message
@@ -12,6 +13,20 @@ from kvwatch.engines.base import Engine, EngineAuthError, TokenizeUnavailable
 _CACHE_LIMIT = 200_000
 
 
+class PieceCache:
+    """Token counts of filler pieces, shared by the counters of endpoints serving one model.
+
+    Sharing is safe even if two such endpoints tokenize differently: piece counts only steer
+    the first draft of a prompt, and the full-prompt verification corrects any difference.
+    The lock makes counting single-flight, so the probes starting together on a fresh
+    process count the vocabulary once instead of once each.
+    """
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.lock = asyncio.Lock()
+
+
 class ServerTokenCounter:
     """Counts with the engine's tokenize endpoint. Piece counts are cached per piece, so the
     filler vocabulary is counted once per endpoint rather than once per probe; full-prompt
@@ -20,9 +35,10 @@ class ServerTokenCounter:
     source = "server"
     exact = True
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, cache: PieceCache | None = None) -> None:
         self._engine = engine
-        self._pieces: dict[str, int] = {}
+        self._cache = cache or PieceCache()
+        self._pieces = self._cache.counts
         self.prompt_calls = 0
         self.piece_calls = 0  # pieces actually sent to the engine (cache misses)
 
@@ -43,6 +59,12 @@ class ServerTokenCounter:
         return count
 
     async def count_pieces(self, pieces: Sequence[str]) -> list[int]:
+        if all(p in self._pieces for p in pieces):
+            return [self._pieces[p] for p in pieces]
+        async with self._cache.lock:
+            return await self._count_missing(pieces)
+
+    async def _count_missing(self, pieces: Sequence[str]) -> list[int]:
         missing = list(dict.fromkeys(p for p in pieces if p not in self._pieces))
         if missing:
             try:
