@@ -392,6 +392,61 @@ def _probe_text(p: Any) -> str:
     return "\n".join(lines)
 
 
+@main.command()
+@config_option
+def prune(config_path: Path | None) -> None:
+    """Delete probe results older than the retention settings (critical ones are kept longer)."""
+    from kvwatch.retention import prune_once
+    from kvwatch.store.engine import create_engine_for
+    from kvwatch.store.repository import Store
+
+    config = _load(config_path)
+    engine = create_engine_for(config.database)
+    try:
+        deleted = prune_once(Store(engine), config.retention)
+    finally:
+        engine.dispose()
+    click.echo(f"pruned {deleted} probes")
+
+
+@main.command()
+@config_option
+@click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def plan(config_path: Path | None, output: str) -> None:
+    """Tokens per day the configured canaries will spend on each endpoint (prefill, answer)."""
+    from dataclasses import asdict
+
+    from kvwatch.cost import plan_costs
+
+    costs = plan_costs(_load(config_path).resolved_endpoints())
+    if output == "json":
+        for c in costs:
+            click.echo(json.dumps({**asdict(c), "kind": c.kind.value}))
+        return
+
+    def num(value: float | None) -> str:
+        return "discovered at run time" if value is None else f"{value:,.0f}"
+
+    header = ("ENDPOINT", "KIND", "PROMPT TOKENS", "PROBES/DAY", "PREFILL/DAY", "ANSWER/DAY")
+    rows = [header] + [
+        (
+            c.endpoint,
+            c.kind.value,
+            num(c.prompt_tokens),
+            f"{c.probes_per_day:,.0f}",
+            num(c.prefill_tokens_per_day),
+            f"{c.completion_tokens_per_day:,.0f}",
+        )
+        for c in costs
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        pairs = enumerate(zip(row, widths, strict=True))
+        click.echo("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in pairs))
+    known = [c.prefill_tokens_per_day for c in costs if c.prefill_tokens_per_day is not None]
+    click.echo(f"total prefill per day: {sum(known):,.0f} tokens")
+
+
 @main.group()
 def db() -> None:
     """Database maintenance."""

@@ -1,0 +1,72 @@
+"""What the configured canaries cost the monitored engines, per day (pure).
+
+An *under* probe prefills almost the whole window; on a 1M-token model every 5 minutes that
+is about 302M prefill tokens a day, which a team should see before deploying it. An *over*
+probe costs no prefill on engines that reject at admission (they tokenize, then refuse), so
+it is counted as tokenize-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvwatch.canary.model import ProbeKind
+from kvwatch.canary.sizing import AcceptanceRule, target_prompt_tokens
+from kvwatch.config import EndpointSpec
+
+DAY = 86_400.0
+
+# Engines whose admission check runs before prefill (see docs/engines.md and
+# docs/llamacpp-facts.md): an over-limit prompt is tokenized and refused, never prefilled.
+REJECT_AT_ADMISSION = frozenset({"openai", "vllm", "sglang", "llamacpp", "tgi", "anthropic"})
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeCost:
+    endpoint: str
+    kind: ProbeKind
+    interval_seconds: float
+    prompt_tokens: int | None  # per probe; None when the window is only known at run time
+    probes_per_day: float
+    prefill_tokens_per_day: float | None
+    completion_tokens_per_day: float
+
+
+def rule_for(flavour: str) -> AcceptanceRule:
+    return (
+        AcceptanceRule.PROMPT_BELOW_WINDOW
+        if flavour == "llamacpp"
+        else AcceptanceRule.PROMPT_PLUS_MAX_TOKENS
+    )
+
+
+def plan_costs(specs: list[EndpointSpec]) -> list[ProbeCost]:
+    costs = []
+    for spec in specs:
+        per_day = DAY / spec.interval_seconds
+        for kind in spec.probes:
+            tokens = None
+            if spec.context_window is not None:
+                tokens = target_prompt_tokens(
+                    kind,
+                    rule=rule_for(spec.flavour),
+                    window=spec.context_window,
+                    max_tokens=spec.max_tokens,
+                    baseline_tokens=spec.baseline_tokens,
+                )
+            prefilled = tokens
+            if kind is ProbeKind.OVER and spec.flavour in REJECT_AT_ADMISSION:
+                prefilled = 0
+            answered = kind is not ProbeKind.OVER
+            costs.append(
+                ProbeCost(
+                    endpoint=spec.name,
+                    kind=kind,
+                    interval_seconds=spec.interval_seconds,
+                    prompt_tokens=tokens,
+                    probes_per_day=per_day,
+                    prefill_tokens_per_day=None if prefilled is None else prefilled * per_day,
+                    completion_tokens_per_day=spec.max_tokens * per_day if answered else 0.0,
+                )
+            )
+    return costs

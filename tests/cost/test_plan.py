@@ -1,0 +1,84 @@
+"""Canary cost accounting: `kvwatch plan` and the over probe's zero prefill."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import httpx
+
+from kvwatch.canary.model import ProbeKind, Verdict
+from kvwatch.config import parse_config
+from kvwatch.cost import plan_costs
+from kvwatch.simulator.server import run_simulator
+from kvwatch.simulator.spec import SimEndpoint
+from tests.helpers.processes import kvwatch_cmd
+from tests.helpers.targets import config_for, sim_endpoint_entry, targets_and_runner
+
+ONE_M = """
+endpoints:
+  - name: glm-prod
+    url: http://10.0.0.1:8000/v1
+    flavour: vllm
+    model: glm-5.3
+    context_window: 1048576
+    interval: 5m
+    max_tokens: 16
+"""
+
+
+def test_a_1m_under_probe_every_five_minutes_costs_about_302m_prefill_tokens_a_day():
+    """The issue's figure: (1,048,576 − 16) × 288 probes a day ≈ 302M."""
+    costs = {c.kind: c for c in plan_costs(parse_config(ONE_M).resolved_endpoints())}
+    assert costs[ProbeKind.UNDER].prefill_tokens_per_day == 1_048_560 * 288
+    assert costs[ProbeKind.OVER].prefill_tokens_per_day == 0
+    assert costs[ProbeKind.BASELINE].prefill_tokens_per_day == 1536 * 288
+
+
+def test_plan_prints_tokens_per_day_and_a_total(tmp_path):
+    """`kvwatch plan` shows each probe's daily cost and the total prefill."""
+    (tmp_path / "kvwatch.yaml").write_text(ONE_M)
+    table = subprocess.run(
+        kvwatch_cmd("plan"), cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert table.returncode == 0, table.stderr
+    assert "301,985,280" in table.stdout
+    assert "total prefill per day: 302,427,648 tokens" in table.stdout
+    js = subprocess.run(
+        kvwatch_cmd("plan", "--output", "json"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    rows = [json.loads(line) for line in js.stdout.splitlines()]
+    assert [r["kind"] for r in rows] == ["under", "over", "baseline"]
+
+
+def test_an_unknown_window_is_reported_as_unknown_not_zero():
+    """No configured window: the cost is unknown until discovery, never a made-up 0 (the over
+    probe, refused at admission, costs no prefill whatever the window)."""
+    config = parse_config(ONE_M.replace("    context_window: 1048576\n", ""))
+    costs = {c.kind: c.prefill_tokens_per_day for c in plan_costs(config.resolved_endpoints())}
+    assert costs == {ProbeKind.UNDER: None, ProbeKind.OVER: 0, ProbeKind.BASELINE: None}
+
+
+async def test_the_over_probe_adds_no_prefilled_tokens(store):
+    """The simulator counts prefilled tokens: an over probe (rejected at admission) adds none."""
+    async with (
+        run_simulator([SimEndpoint("ep", window=4096)]) as sim,
+        httpx.AsyncClient(timeout=None) as client,
+    ):
+        config = config_for([sim_endpoint_entry(sim, "ep")], database="sqlite:///unused.db")
+        targets, runner, metrics = targets_and_runner(config, store, client)
+        await runner.run(targets["ep"], ProbeKind.BASELINE)
+        before = sim.stats()["ep"]["prefilled_tokens"]
+        report = await runner.run(targets["ep"], ProbeKind.OVER)
+        assert report.verdict is Verdict.PASS
+        assert sim.stats()["ep"]["prefilled_tokens"] == before
+        await runner.run(targets["ep"], ProbeKind.UNDER)
+        assert sim.stats()["ep"]["prefilled_tokens"] > before
+        spent = metrics.registry.get_sample_value(
+            "kvwatch_canary_tokens_total", {"endpoint": "ep", "probe": "under", "type": "prompt"}
+        )
+        assert spent == 4096 - 32
