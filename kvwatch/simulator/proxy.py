@@ -17,12 +17,13 @@ What each fault does here (prompt sizes are the upstream's own count, ``/apply-t
   (``/tokenize`` ``with_pieces``), so the templated prompt lands on ``kv_pool`` give or take
   the few tokens the re-joined text re-merges into.
 - ``accept_over_limit``: an upstream context-length rejection is retried with the prompt's
-  first ``window - max_tokens`` tokens (``window`` from the endpoint's spec), so the client
-  gets the real model's 200.
+  first ``min(kv_pool, window - max_tokens)`` tokens (``window`` from the endpoint's spec), so
+  the client gets the real model's 200.
 - ``wrong_status``: an upstream context-length rejection becomes a generic 500.
-- ``stream_error_frame``: a streamed prompt over ``kv_pool`` is forwarded, the real model's
-  first content chunk is relayed, then an error frame and ``[DONE]`` end the stream. Not
-  streamed, it is answered 500 without reaching the upstream.
+- ``stream_error_frame``: a streamed prompt over ``kv_pool`` is forwarded cut to its first
+  ``kv_pool`` tokens (what the pool held), the real model's first content chunk is relayed,
+  then an error frame and ``[DONE]`` end the stream. Not streamed, it is answered 500 without
+  reaching the upstream.
 
 ``report_usage: sent`` makes a cut or swapped prompt report the tokens sent instead of the
 tokens the upstream read (an engine that lies about usage). Everything else (``/v1/models``,
@@ -353,7 +354,16 @@ class ProxyApp:
             if not stream:
                 return JSONResponse(errors.error_body(spec.flavour, 500, message), 500)
             frame = errors.stream_error_frame(spec.flavour, message)
-            return await self._send(body, headers, error_after_content=frame)
+            # The engine prefilled what its pool held and began decoding before it failed.
+            cut = await cut_prompt(
+                self.upstream,
+                messages,
+                sent=sent,
+                keep=spec.pool_tokens,
+                keep_head=True,
+                headers=headers,
+            )
+            return await self._send(body | {"messages": cut}, headers, error_after_content=frame)
 
         reply = await self._send(body, headers, remember=state)
         if fault in (FaultMode.ACCEPT_OVER_LIMIT, FaultMode.WRONG_STATUS) and _is_context(reply):
@@ -364,8 +374,11 @@ class ProxyApp:
                 )
             sent = await self.upstream.count_prompt(messages, headers)
             max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-            # The head that leaves room for the answer under any engine's admission rule.
-            room = spec.window - (max_tokens if isinstance(max_tokens, int) else 1)
+            # The head that the KV pool holds and that leaves room for the answer under any
+            # engine's admission rule.
+            room = min(
+                spec.pool_tokens, spec.window - (max_tokens if isinstance(max_tokens, int) else 1)
+            )
             cut = await cut_prompt(
                 self.upstream, messages, sent=sent, keep=room, keep_head=True, headers=headers
             )

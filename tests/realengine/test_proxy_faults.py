@@ -2,8 +2,9 @@
 llama-server (Gemma 3 270M, window 2048), probed by kvwatch exactly as in production.
 
 The proxied endpoints advertise the real window (discovered through the proxy's pass-through
-``/props``) with a KV pool of 1,536 tokens, so an *under* probe (2,016 tokens) is over the
-pool and the pool faults act on it; *over* probes (2,048 tokens) meet llama.cpp's real 400.
+``/props``) with a KV pool of 512 tokens, so an *under* probe (2,016 tokens) is over the pool
+and the pool faults act on it; *over* probes (2,048 tokens) meet llama.cpp's real 400. The
+small pool keeps the real prefills short: a cut or failed prompt is prefilled only up to it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from kvwatch.store.repository import Store
 from tests.realengine.probes import Rig, llamacpp_entry, probe_rig
 from tests.realengine.server import WINDOW
 
-POOL = 1536
+POOL = 512
 
 PROXIED = [
     SimEndpoint(fault.value, window=WINDOW, kv_pool=POOL, fault=fault, flavour="llamacpp")
