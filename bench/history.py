@@ -172,8 +172,9 @@ def _fill_postgres(engine: Engine, total: int, ids: dict[str, int], end: datetim
         raw.commit()
         # What autovacuum does in production: statistics, and the visibility map that lets
         # the covering index answer a chart without touching the table.
-        raw.autocommit = True  # type: ignore[attr-defined]
-        cursor.execute("VACUUM ANALYZE probes")
+        driver: Any = raw.driver_connection
+        driver.autocommit = True
+        driver.execute("VACUUM ANALYZE probes")
     finally:
         raw.close()
 
