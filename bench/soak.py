@@ -28,6 +28,7 @@ from bench.machine import describe
 from kvwatch.canary.model import ProbeKind
 from kvwatch.config import parse_config
 from kvwatch.daemon import build_targets
+from kvwatch.logs import configure as configure_logs
 from kvwatch.metrics import ProbeMetrics
 from kvwatch.runner import ProbeRunner
 from kvwatch.store.engine import create_engine_for
@@ -130,6 +131,8 @@ def summarise(samples: list[Sample]) -> None:
 
 def main() -> None:
     probes = int(os.environ.get("KVWATCH_SOAK_PROBES", DEFAULT_PROBES))
+    # The runner logs a JSON line per probe; the soak prints its own line per probe instead.
+    configure_logs("warning")
     binary = cached_binary()
     if not binary_runs(binary):
         raise SystemExit(f"no working llama-server at {binary}: run {BUILD_SCRIPT}")
