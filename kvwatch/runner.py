@@ -20,6 +20,7 @@ from typing import Protocol
 import structlog
 
 from kvwatch.canary import markers
+from kvwatch.canary.edge import judge_edge
 from kvwatch.canary.model import (
     SEVERITY,
     Exchange,
@@ -31,10 +32,11 @@ from kvwatch.canary.model import (
     Verdict,
 )
 from kvwatch.canary.planning import PlanningError, plan_prompt
-from kvwatch.canary.sizing import SizingError, target_prompt_tokens
+from kvwatch.canary.sizing import SizingError, edge_prompt_tokens, target_prompt_tokens
 from kvwatch.canary.verdicts import judge
+from kvwatch.capacity import assess, edge_pool
 from kvwatch.config import EndpointSpec
-from kvwatch.engines.base import Engine, EngineAuthError, ProgressCallback
+from kvwatch.engines.base import Discovery, Engine, EngineAuthError, ProgressCallback
 from kvwatch.metrics import ProbeMetrics
 from kvwatch.store.records import AlertStateRecord, NewProbe, ProbeOutcome
 from kvwatch.store.repository import Store
@@ -59,6 +61,7 @@ class Target:
     engine: Engine
     counter: TokenCounter
     window: int | None = None  # configured, else discovered on first use
+    discovery: Discovery | None = None  # the engine's last self-report (capacity check)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,15 +131,94 @@ class ProbeRunner:
         *,
         slot: int | None = None,
     ) -> list[ProbeReport]:
-        """Run a probe and, on a critical verdict, its confirmation probe at once."""
-        first = await self.run(target, kind, progress=progress, slot=slot)
-        reports = [first]
+        """Run a probe and, on a critical verdict, its confirmation probe at once.
+
+        A capacity check that finds the KV pool smaller than the window goes on to the edge
+        probe, just over the pool: exactly where the incident happened.
+        """
+        if kind is ProbeKind.CAPACITY:
+            first_check = await self._run_capacity(target, slot=slot)
+            if first_check is None:
+                return []
+            reports = [first_check]
+        else:
+            reports = [await self.run(target, kind, progress=progress, slot=slot)]
+        first = reports[0]
         if target.spec.confirm and SEVERITY[first.verdict] is Severity.CRITICAL:
-            confirm = await self.run(
-                target, kind, confirms=first.probe_id, progress=progress, slot=slot
-            )
-            reports.append(confirm)
+            if kind is ProbeKind.CAPACITY:
+                again = await self._run_capacity(target, confirms=first.probe_id, slot=slot)
+                reports += [again] if again is not None else []
+            else:
+                confirm = await self.run(
+                    target, kind, confirms=first.probe_id, progress=progress, slot=slot
+                )
+                reports.append(confirm)
+        if kind is ProbeKind.CAPACITY and reports[-1].verdict is Verdict.CAPACITY_MISMATCH:
+            reports += await self.run_checked(target, ProbeKind.EDGE, progress=progress)
         return reports
+
+    async def _run_capacity(
+        self, target: Target, *, confirms: int | None = None, slot: int | None = None
+    ) -> ProbeReport | None:
+        """Compare what the engine reports (window, KV pool) with itself and the config.
+
+        Nothing is stored when the engine reports no KV pool: there is nothing to compare,
+        and a check that cannot fail must not be recorded as a pass.
+        """
+        spec = target.spec
+        kind = ProbeKind.CAPACITY
+        started = self.clock()
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout(spec.timeouts[kind]):
+                discovery = await target.engine.discover()
+        except EngineAuthError as exc:
+            judgement = Judgement(Verdict.AUTH_ERROR, f"discovery refused: {exc}")
+        except TimeoutError:
+            judgement = Judgement(
+                Verdict.ERROR, f"discovery did not answer within {spec.timeouts[kind]:.0f} s"
+            )
+        else:
+            target.discovery = discovery
+            if discovery.kv_pool_tokens is None and spec.kv_pool_tokens is None:
+                log.debug("capacity_unreported", endpoint=spec.name, detail=discovery.detail)
+                return None
+            findings = assess(spec.context_window, spec.kv_pool_tokens, discovery)
+            critical = [f for f in findings if f.severity is Severity.CRITICAL]
+            if critical:
+                judgement = Judgement(Verdict.CAPACITY_MISMATCH, critical[0].message)
+            else:
+                judgement = Judgement(
+                    Verdict.PASS,
+                    "; ".join(f.message for f in findings)
+                    or (
+                        f"window {discovery.context_window or spec.context_window} fits the "
+                        f"KV pool {edge_pool(spec.kv_pool_tokens, discovery)}"
+                    ),
+                )
+        exchange = Exchange(total_seconds=time.perf_counter() - t0)
+        probe_id = await asyncio.to_thread(
+            self.store.begin_probe,
+            NewProbe(
+                endpoint=spec.name,
+                endpoint_id=target.endpoint_id,
+                kind=kind.value,
+                started_at=started,
+                replica=self.replica,
+                model=spec.model,
+                planned_prompt_tokens=0,
+                target_prompt_tokens=0,
+                max_tokens=0,
+                token_source="discovery",
+                tokenize_calls=0,
+                marker="",
+                marker_depth=0.0,
+                streamed=False,
+                confirms_probe_id=confirms,
+                slot=slot,
+            ),
+        )
+        return await self._finish(target, kind, probe_id, None, exchange, judgement, confirms)
 
     async def run(
         self,
@@ -197,7 +279,8 @@ class ProbeRunner:
                     progress=progress,
                 )
                 foreign = await self._foreign_markers(exchange, marker)
-                judgement = judge(plan, exchange, foreign)
+                verdict_of = judge_edge if kind is ProbeKind.EDGE else judge
+                judgement = verdict_of(plan, exchange, foreign)
                 if exchange.prompt_tokens is not None:
                     target.counter.observe(plan.planned_tokens, exchange.prompt_tokens)
         except asyncio.CancelledError:
@@ -218,14 +301,27 @@ class ProbeRunner:
         counter = target.counter
         # An estimated count keeps a margin so estimation error cannot cross the boundary.
         margin = 0 if counter.exact else counter.tolerance(window)
-        tokens = target_prompt_tokens(
-            kind,
-            rule=target.engine.rule,
-            window=window,
-            max_tokens=spec.max_tokens,
-            baseline_tokens=spec.baseline_tokens,
-            margin=margin,
-        )
+        if kind is ProbeKind.EDGE:
+            discovery = target.discovery or await target.engine.discover()
+            pool = edge_pool(spec.kv_pool_tokens, discovery)
+            if pool is None:
+                raise SizingError("the engine reports no KV pool to probe the edge of")
+            tokens = edge_prompt_tokens(
+                rule=target.engine.rule,
+                window=window,
+                pool=pool,
+                max_tokens=spec.max_tokens,
+                margin=margin,
+            )
+        else:
+            tokens = target_prompt_tokens(
+                kind,
+                rule=target.engine.rule,
+                window=window,
+                max_tokens=spec.max_tokens,
+                baseline_tokens=spec.baseline_tokens,
+                margin=margin,
+            )
         rng = random.Random(secrets.randbits(64))
         depth = rng.choice(spec.marker_depths) if spec.marker_depths else 0.0
         return await plan_prompt(

@@ -15,6 +15,11 @@ class ProbeKind(enum.StrEnum):
     UNDER = "under"
     OVER = "over"
     BASELINE = "baseline"
+    # The engine's self-report: discovered window vs KV pool (no prompt is sent).
+    CAPACITY = "capacity"
+    # Just over the KV pool, inside the window: run by the capacity check when an engine
+    # reports a pool smaller than its window (the gap where the incident happened).
+    EDGE = "edge"
 
 
 class Verdict(enum.StrEnum):

@@ -66,7 +66,8 @@ class Layout:
 
 
 def side_for(kind: ProbeKind) -> Side:
-    return Side.AT_LEAST if kind is ProbeKind.OVER else Side.AT_MOST
+    # over and edge must be at least their size: one token short could be legitimately served.
+    return Side.AT_LEAST if kind in (ProbeKind.OVER, ProbeKind.EDGE) else Side.AT_MOST
 
 
 async def plan_prompt(

@@ -12,7 +12,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kvwatch.canary.model import ProbeKind
 from kvwatch.config.resolve import EndpointSpec, resolve_endpoint
 from kvwatch.config.types import (
     DatabaseUrl,
@@ -37,7 +36,10 @@ from kvwatch.config.types import (
 Flavour = Literal["openai", "vllm", "sglang", "llamacpp", "tgi", "ollama", "anthropic"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 
-DEFAULT_PROBES = (ProbeKind.UNDER, ProbeKind.OVER, ProbeKind.BASELINE)
+# The kinds a user schedules. "edge" is not among them: it runs with the capacity check
+# whenever the engine reports a KV pool smaller than its window.
+ScheduledKind = Literal["under", "over", "baseline", "capacity"]
+DEFAULT_PROBES: tuple[ScheduledKind, ...] = ("under", "over", "baseline", "capacity")
 
 
 class _Strict(BaseModel):
@@ -100,6 +102,9 @@ class Timeouts(_Strict):
     under: Duration = 600.0
     over: Duration = 300.0
     baseline: Duration = 120.0
+    capacity: Duration = 30.0
+    # Just over the KV pool: as long a prefill as under.
+    edge: Duration = 600.0
 
 
 class TimeoutOverrides(_Strict):
@@ -108,6 +113,8 @@ class TimeoutOverrides(_Strict):
     under: Duration | None = None
     over: Duration | None = None
     baseline: Duration | None = None
+    capacity: Duration | None = None
+    edge: Duration | None = None
 
 
 def _unique_depths(depths: list[float]) -> None:
@@ -147,7 +154,7 @@ class Endpoint(_Strict):
     api_key: Secret | None = None
     api_key_file: SecretFilePath | None = None
     tokenizer: TokenizerSpec = "server"
-    probes: list[ProbeKind] = Field(default=list(DEFAULT_PROBES), min_length=1)
+    probes: list[ScheduledKind] = Field(default=list(DEFAULT_PROBES), min_length=1)
     labels: dict[LabelName, str] = {}
     # Overrides of `defaults`; None means "inherit".
     interval: Duration | None = None
@@ -163,7 +170,7 @@ class Endpoint(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> Endpoint:
         _exclusive(self, "api_key", "api_key_file")
-        seen: set[ProbeKind] = set()
+        seen: set[str] = set()
         for kind in self.probes:
             if kind in seen:
                 raise invalid(f'lists probe kind "{kind}" twice')

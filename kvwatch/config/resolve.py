@@ -65,7 +65,7 @@ def resolve_endpoint(endpoint: Endpoint, defaults: Defaults) -> EndpointSpec:
         kv_pool_tokens=endpoint.kv_pool_tokens,
         api_key=api_key,
         tokenizer=endpoint.tokenizer,
-        probes=tuple(endpoint.probes),
+        probes=tuple(ProbeKind(kind) for kind in endpoint.probes),
         interval_seconds=_pick(endpoint.interval, defaults.interval),
         jitter_seconds=_pick(endpoint.jitter, defaults.jitter),
         # Read-only views, so a shared spec cannot be changed under another task's feet.

@@ -133,14 +133,15 @@ class Store:
             )
             s.add(row)
             s.flush()
-            s.add(
-                Marker(
-                    marker=canonical(p.marker),
-                    probe_id=row.id,
-                    endpoint=p.endpoint,
-                    issued_at=p.started_at,
+            if p.marker:  # a capacity check sends no prompt and issues no marker
+                s.add(
+                    Marker(
+                        marker=canonical(p.marker),
+                        probe_id=row.id,
+                        endpoint=p.endpoint,
+                        issued_at=p.started_at,
+                    )
                 )
-            )
             return row.id
 
     def finish_probe(

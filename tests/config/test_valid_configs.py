@@ -48,7 +48,13 @@ def test_it_loads_the_design_example_and_resolves_every_field() -> None:
         probes=(ProbeKind.UNDER, ProbeKind.OVER, ProbeKind.BASELINE),
         interval_seconds=1800.0,
         jitter_seconds=30.0,
-        timeouts={ProbeKind.UNDER: 600.0, ProbeKind.OVER: 300.0, ProbeKind.BASELINE: 120.0},
+        timeouts={
+            ProbeKind.UNDER: 600.0,
+            ProbeKind.OVER: 300.0,
+            ProbeKind.BASELINE: 120.0,
+            ProbeKind.CAPACITY: 30.0,
+            ProbeKind.EDGE: 600.0,
+        },
         max_tokens=16,
         baseline_tokens=1536,
         stream=True,
@@ -98,6 +104,8 @@ def test_it_inherits_defaults_and_merges_timeouts_key_by_key() -> None:
         ProbeKind.UNDER: 1200.0,
         ProbeKind.OVER: 60.0,
         ProbeKind.BASELINE: 120.0,
+        ProbeKind.CAPACITY: 30.0,
+        ProbeKind.EDGE: 600.0,
     }
 
 
