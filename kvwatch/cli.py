@@ -83,7 +83,12 @@ def run(config_path: Path | None, grace: float) -> None:
 
 @main.command("check-config")
 @config_option
-def check_config(config_path: Path | None) -> None:
+@click.option(
+    "--live",
+    is_flag=True,
+    help="Also ask every endpoint for its window and KV pool (a pre-deploy gate).",
+)
+def check_config(config_path: Path | None, live: bool) -> None:
     """Validate a configuration (and the capacity gate); exit 0 if it is good, 1 if not."""
     path = config_path or DEFAULT_CONFIG
     click.echo(f"Checking {path}")
@@ -101,6 +106,47 @@ def check_config(config_path: Path | None) -> None:
             click.echo(line, err=True)
         raise SystemExit(1)
     click.echo(f"  SUCCESS: {len(config.endpoints)} endpoints")
+    if live and not asyncio.run(_check_live(config)):
+        raise SystemExit(1)
+
+
+async def _check_live(config: Config) -> bool:
+    """Discover each endpoint's window and pool; False if any is refused by the gate."""
+    from kvwatch.capacity import FindingKind, assess
+    from kvwatch.daemon import build_http_client
+    from kvwatch.engines.base import EngineAuthError
+    from kvwatch.engines.factory import build_engine
+
+    ok = True
+    async with build_http_client() as client:
+        for spec in config.resolved_endpoints():
+            engine = build_engine(
+                flavour=spec.flavour,
+                url=spec.url,
+                model=spec.model,
+                api_key=spec.api_key.get_secret_value() if spec.api_key else None,
+                body_limit_bytes=spec.body_limit_bytes,
+                client=client,
+            )
+            try:
+                async with asyncio.timeout(spec.timeouts[ProbeKind.CAPACITY]):
+                    found = await engine.discover()
+            except (EngineAuthError, TimeoutError) as exc:
+                click.echo(f"{spec.name}: discovery failed: {exc or 'timed out'}", err=True)
+                ok = False
+                continue
+            findings = assess(spec.context_window, spec.kv_pool_tokens, found)
+            for finding in findings:
+                refused = finding.kind is FindingKind.CAPACITY_MISMATCH
+                line = f"{spec.name}: {finding.message}"
+                click.echo(line, err=refused)
+                ok = ok and not refused
+            if not findings:
+                click.echo(
+                    f"{spec.name}: window {found.context_window or '-'}, "
+                    f"KV pool {found.kv_pool_tokens or 'not reported'}: OK"
+                )
+    return ok
 
 
 @main.command()

@@ -64,3 +64,26 @@ def test_a_missing_config_file_is_a_clear_error(tmp_path):
     result = run("check-config", "--config", "nope.yaml", cwd=tmp_path)
     assert result.returncode == 1
     assert "nope.yaml" in result.stderr
+
+
+def test_check_config_live_refuses_an_engine_whose_pool_is_below_its_window(tmp_path):
+    """--live asks each engine for its window and pool and applies the same gate."""
+    from tests.helpers.processes import simulator_process
+
+    endpoints = (
+        "name=glm,window=1048576,kv_pool=681280,flavour=sglang",
+        "name=ok,window=8192,flavour=sglang",
+    )
+    with simulator_process(*endpoints, log=tmp_path / "sim.log") as sim:
+        (tmp_path / "kvwatch.yaml").write_text(
+            "endpoints:\n"
+            f"  - {{name: glm, url: '{sim}/glm/v1', model: sim-1, flavour: sglang}}\n"
+            f"  - {{name: ok, url: '{sim}/ok/v1', model: sim-1, flavour: sglang}}\n"
+        )
+        result = run("check-config", "--live", cwd=tmp_path)
+    assert result.returncode == 1
+    assert (
+        "glm: engine reports context_length 1048576 exceeds KV pool 681280 tokens; "
+        "refusing to start" in result.stderr.splitlines()
+    )
+    assert "ok: window 8192, KV pool 8192: OK" in result.stdout
