@@ -38,8 +38,9 @@ from kvwatch.store.records import AlertStateRecord
 from kvwatch.store.repository import Store
 from kvwatch.tokens.factory import build_counter
 from kvwatch.tokens.server import PieceCache
-from kvwatch.web.app import WebContext, create_app
+from kvwatch.web.app import WebContext, WebSettings, create_app
 from kvwatch.web.server import embedded_server, split_listen
+from kvwatch.writebehind import ResultBuffer
 
 log = structlog.get_logger("kvwatch.daemon")
 
@@ -93,6 +94,30 @@ def alertmanager_settings(config: Config) -> AlertmanagerSettings | None:
             insecure_skip_verify=am.tls.insecure_skip_verify,
         ),
     )
+
+
+def web_settings(config: Config) -> WebSettings:
+    web = config.web
+    bearer = web.bearer_token or (web.bearer_token_file.value if web.bearer_token_file else None)
+    basic = None
+    if web.basic_auth is not None:
+        auth = web.basic_auth
+        password = auth.password or (auth.password_file.value if auth.password_file else None)
+        if password is not None:
+            basic = (auth.username, password.get_secret_value())
+    return WebSettings(
+        bearer_token=bearer.get_secret_value() if bearer else None,
+        basic_auth=basic,
+        protect_metrics=web.protect_metrics,
+        answer_excerpts=web.answer_excerpts,
+        excerpt_chars=web.answer_excerpt_chars,
+        external_url=config.alertmanager.external_url,
+    )
+
+
+def excerpt_chars(config: Config) -> int:
+    """Characters of each answer kept as evidence; 0 stores none."""
+    return config.web.answer_excerpt_chars if config.web.answer_excerpts else 0
 
 
 def public_base_url(config: Config) -> str:
@@ -156,24 +181,29 @@ async def build(config: Config, *, upgrade: bool = True, alerting: bool = True) 
     targets = await asyncio.to_thread(
         build_targets, config.resolved_endpoints(), store, client, metrics
     )
-    runner = ProbeRunner(store=store, metrics=metrics, replica=config.replica_id)
+    runner = ProbeRunner(
+        store=store,
+        metrics=metrics,
+        replica=config.replica_id,
+        excerpt_chars=excerpt_chars(config),
+    )
     delivery = None
     if alerting:
-        settings = alertmanager_settings(config)
-
-        async def load_states() -> list[AlertStateRecord]:
-            return await asyncio.to_thread(store.load_alert_states)
-
-        if settings is not None:
-            delivery = Delivery(settings=settings, load_states=load_states, registry=registry)
         base = public_base_url(config)
         alerts = AlertEvaluator(
             policy=default_policy(),
-            states=await load_states(),
+            states=await asyncio.to_thread(store.load_alert_states),
             probe_url=lambda probe_id: f"{base}/probes/{probe_id}",
-            wake=delivery.notify if delivery else lambda: None,
         )
         runner.alert_hook = alerts
+        settings = alertmanager_settings(config)
+        if settings is not None:
+
+            async def current_states() -> list[AlertStateRecord]:
+                return alerts.records()
+
+            delivery = Delivery(settings=settings, load_states=current_states, registry=registry)
+            alerts.wake = delivery.notify
         return Built(store, registry, metrics, client, runner, targets, delivery, alerts)
     return Built(store, registry, metrics, client, runner, targets)
 
@@ -238,7 +268,7 @@ class Daemon:
         built, scheduler = self._built, self._scheduler
         fixed = [
             key
-            for key in ("database", "listen", "replica", "alertmanager", "retention")
+            for key in ("database", "listen", "replica", "alertmanager", "retention", "web")
             if getattr(new, key) != getattr(self.config, key)
         ]
         old = {t.spec.name: t for t in built.targets}
@@ -317,6 +347,8 @@ class Daemon:
             scheduler.start(built.targets)
             sweeping = asyncio.create_task(scheduler.sweep_expired(built.store), name="sweep")
             stack.push_async_callback(_cancel, sweeping)
+            flushing = asyncio.create_task(built.runner.results.run(), name="flush")
+            stack.push_async_callback(_flush_and_cancel, built.runner.results, flushing)
             pruning = asyncio.create_task(
                 retention_loop(built.store, config.retention), name="retention"
             )
@@ -328,6 +360,8 @@ class Daemon:
                         store=built.store,
                         registry=built.registry,
                         alive=lambda: scheduler.running,
+                        settings=web_settings(config),
+                        reload=self.reload,
                     )
                 ),
                 host,
@@ -355,6 +389,13 @@ class Daemon:
             log.info("stopped")
             if web_task.done() and web_task.exception() is not None:
                 raise SystemExit(f"web server failed: {web_task.exception()}")
+
+
+async def _flush_and_cancel(results: ResultBuffer, task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    if len(results) and not await results.flush():
+        log.error("results_lost_at_exit", count=len(results))
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

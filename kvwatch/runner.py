@@ -9,11 +9,13 @@ endpoint says otherwise; both are stored.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import random
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -38,9 +40,11 @@ from kvwatch.capacity import assess, edge_pool
 from kvwatch.config import EndpointSpec
 from kvwatch.engines.base import Discovery, Engine, EngineAuthError, ProgressCallback
 from kvwatch.metrics import ProbeMetrics
+from kvwatch.store.errors import StoreError, StoreUnavailable
 from kvwatch.store.records import AlertStateRecord, NewProbe, ProbeOutcome
 from kvwatch.store.repository import Store
 from kvwatch.tokens.base import TokenCounter
+from kvwatch.writebehind import PendingResult, ResultBuffer
 
 EXCERPT_CHARS = 400
 ERROR_BODY_CHARS = 2000
@@ -68,7 +72,7 @@ class Target:
 class ProbeReport:
     """What a finished probe looked like: for the CLI and the alerting hook."""
 
-    probe_id: int
+    probe_id: int | None  # None while its result waits for the database
     endpoint: str
     kind: ProbeKind
     verdict: Verdict
@@ -104,6 +108,11 @@ class ProbeRunner:
     clock: Callable[[], datetime] = utcnow
     excerpt_chars: int = EXCERPT_CHARS
     alert_hook: AlertHook | None = None
+    # Results wait here, in order, while the database is unreachable: probing goes on.
+    results: ResultBuffer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.results = ResultBuffer(self.store, self.metrics.registry)
 
     async def run_slot(self, target: Target, kind: ProbeKind, slot: int) -> list[ProbeReport]:
         """Run a scheduled slot if this replica wins its claim (several replicas may share a
@@ -111,16 +120,29 @@ class ProbeRunner:
         spec = target.spec
         # Long enough for the probe and its confirmation, each up to its deadline.
         ttl = 2 * spec.timeouts[kind] + 30
-        claimed = await asyncio.to_thread(
-            self.store.claim_slot, spec.name, kind.value, slot, self.replica, ttl
-        )
+        try:
+            claimed = await asyncio.to_thread(
+                self.store.claim_slot, spec.name, kind.value, slot, self.replica, ttl
+            )
+        except StoreUnavailable as exc:
+            # Without the database no replica can coordinate: a slot run twice is better
+            # than a slot nobody runs while the database is down.
+            log.warning("slot_unclaimed", endpoint=spec.name, kind=kind.value, error=str(exc))
+            claimed = True
         if not claimed:
             log.debug("slot_taken", endpoint=spec.name, kind=kind.value, slot=slot)
             return []
         reports = await self.run_checked(target, kind, slot=slot)
-        await asyncio.to_thread(
-            self.store.complete_slot, spec.name, kind.value, slot, reports[-1].probe_id
-        )
+        try:
+            await asyncio.to_thread(
+                self.store.complete_slot,
+                spec.name,
+                kind.value,
+                slot,
+                reports[-1].probe_id if reports else None,
+            )
+        except StoreUnavailable as exc:
+            log.warning("slot_not_completed", endpoint=spec.name, kind=kind.value, error=str(exc))
         return reports
 
     async def run_checked(
@@ -197,28 +219,26 @@ class ProbeRunner:
                     ),
                 )
         exchange = Exchange(total_seconds=time.perf_counter() - t0)
-        probe_id = await asyncio.to_thread(
-            self.store.begin_probe,
-            NewProbe(
-                endpoint=spec.name,
-                endpoint_id=target.endpoint_id,
-                kind=kind.value,
-                started_at=started,
-                replica=self.replica,
-                model=spec.model,
-                planned_prompt_tokens=0,
-                target_prompt_tokens=0,
-                max_tokens=0,
-                token_source="discovery",
-                tokenize_calls=0,
-                marker="",
-                marker_depth=0.0,
-                streamed=False,
-                confirms_probe_id=confirms,
-                slot=slot,
-            ),
+        new = NewProbe(
+            endpoint=spec.name,
+            endpoint_id=target.endpoint_id,
+            kind=kind.value,
+            started_at=started,
+            replica=self.replica,
+            model=spec.model,
+            planned_prompt_tokens=0,
+            target_prompt_tokens=0,
+            max_tokens=0,
+            token_source="discovery",
+            tokenize_calls=0,
+            marker="",
+            marker_depth=0.0,
+            streamed=False,
+            confirms_probe_id=confirms,
+            slot=slot,
         )
-        return await self._finish(target, kind, probe_id, None, exchange, judgement, confirms)
+        probe_id = await self.results.begin(new)
+        return await self._finish(target, kind, new, probe_id, None, exchange, judgement)
 
     async def run(
         self,
@@ -244,27 +264,25 @@ class ProbeRunner:
             reason = f"cannot plan the canary: {type(exc).__name__}: {_short(str(exc))}"
             failure = Judgement(Verdict.ERROR, reason)
 
-        probe_id = await asyncio.to_thread(
-            self.store.begin_probe,
-            NewProbe(
-                endpoint=spec.name,
-                endpoint_id=target.endpoint_id,
-                kind=kind.value,
-                started_at=started,
-                replica=self.replica,
-                model=spec.model,
-                planned_prompt_tokens=plan.planned_tokens if plan else 0,
-                target_prompt_tokens=plan.target_tokens if plan else 0,
-                max_tokens=spec.max_tokens,
-                token_source=plan.token_source if plan else target.counter.source,
-                tokenize_calls=plan.tokenize_calls if plan else 0,
-                marker=marker,
-                marker_depth=plan.marker_depth if plan else 0.0,
-                streamed=spec.stream,
-                confirms_probe_id=confirms,
-                slot=slot,
-            ),
+        new = NewProbe(
+            endpoint=spec.name,
+            endpoint_id=target.endpoint_id,
+            kind=kind.value,
+            started_at=started,
+            replica=self.replica,
+            model=spec.model,
+            planned_prompt_tokens=plan.planned_tokens if plan else 0,
+            target_prompt_tokens=plan.target_tokens if plan else 0,
+            max_tokens=spec.max_tokens,
+            token_source=plan.token_source if plan else target.counter.source,
+            tokenize_calls=plan.tokenize_calls if plan else 0,
+            marker=marker,
+            marker_depth=plan.marker_depth if plan else 0.0,
+            streamed=spec.stream,
+            confirms_probe_id=confirms,
+            slot=slot,
         )
+        probe_id = await self.results.begin(new)
         try:
             if plan is None:
                 assert failure is not None
@@ -284,16 +302,18 @@ class ProbeRunner:
                 if exchange.prompt_tokens is not None:
                     target.counter.observe(plan.planned_tokens, exchange.prompt_tokens)
         except asyncio.CancelledError:
-            await asyncio.shield(
-                asyncio.to_thread(
-                    self.store.interrupt_running,
-                    probe_ids=[probe_id],
-                    reason="kvwatch stopped before the probe finished",
-                )
-            )
+            if probe_id is not None:
+                with contextlib.suppress(StoreError):
+                    await asyncio.shield(
+                        asyncio.to_thread(
+                            self.store.interrupt_running,
+                            probe_ids=[probe_id],
+                            reason="kvwatch stopped before the probe finished",
+                        )
+                    )
             self.metrics.interrupted.inc()
             raise
-        return await self._finish(target, kind, probe_id, plan, exchange, judgement, confirms)
+        return await self._finish(target, kind, new, probe_id, plan, exchange, judgement)
 
     async def _plan(self, target: Target, kind: ProbeKind, marker: str) -> PlannedPrompt:
         spec = target.spec
@@ -352,7 +372,13 @@ class ProbeRunner:
         seen = [m for m in markers.markers_in_answer(ex.answer) if m != markers.canonical(own)]
         if not seen:
             return []
-        issued = await asyncio.to_thread(self.store.lookup_markers, seen)
+        try:
+            issued = await asyncio.to_thread(self.store.lookup_markers, seen)
+        except StoreUnavailable as exc:
+            # Cannot name the origin now; the answer still lacks its own marker, so the
+            # verdict stays critical (marker_missing) rather than passing.
+            log.warning("database_unavailable", during="lookup_markers", error=str(exc))
+            return []
         # A marker-shaped string nobody issued is the model's invention, not a leak.
         return [issued[m] for m in seen if m in issued]
 
@@ -360,13 +386,14 @@ class ProbeRunner:
         self,
         target: Target,
         kind: ProbeKind,
-        probe_id: int,
+        new: NewProbe,
+        probe_id: int | None,
         plan: PlannedPrompt | None,
         ex: Exchange,
         judgement: Judgement,
-        confirms: int | None,
     ) -> ProbeReport:
         spec = target.spec
+        confirms = new.confirms_probe_id
         finished = self.clock()
         report = ProbeReport(
             probe_id=probe_id,
@@ -402,13 +429,14 @@ class ProbeRunner:
             duration_seconds=ex.total_seconds,
         )
         t0 = time.perf_counter()
-        await asyncio.to_thread(
-            self.store.finish_probe,
-            probe_id,
-            outcome,
-            list(alert_states),
+        stored_id = await self.results.finish(
+            PendingResult(probe_id, new, outcome, tuple(alert_states))
         )
         write_seconds = time.perf_counter() - t0
+        if stored_id is not None and report.probe_id is None:
+            report = dataclasses.replace(report, probe_id=stored_id)
+        # Adopted even while the write is buffered, so paging goes on during a database
+        # outage (delivery reads the evaluator's states, not the database).
         if self.alert_hook and alert_states:
             self.alert_hook.committed(alert_states)
         self.metrics.observe(

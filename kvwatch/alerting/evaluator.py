@@ -42,7 +42,7 @@ class AlertEvaluator:
         self._policy = policy
         self._states = {s.key: s for s in map(AlertState.from_record, states)}
         self._probe_url = probe_url
-        self._wake = wake
+        self.wake = wake
         self._clock = clock
 
     def evaluate(self, report: ProbeReport, target: Target) -> Sequence[AlertStateRecord]:
@@ -63,7 +63,8 @@ class AlertEvaluator:
                 marker_found=report.marker_found,
                 foreign=report.foreign,
             ),
-            generator_url=self._probe_url(report.probe_id),
+            # A result still waiting for the database has no page to link to yet.
+            generator_url=(None if report.probe_id is None else self._probe_url(report.probe_id)),
             labels=dict(spec.labels),
         )
         changes = evaluate(self._states, event, self._policy, self._clock())
@@ -74,7 +75,7 @@ class AlertEvaluator:
             state = AlertState.from_record(record)
             self._states[state.key] = state
         if records:
-            self._wake()
+            self.wake()
 
     def retire(self, endpoint: str) -> list[AlertStateRecord]:
         """An endpoint left the config: resolve its firing alerts, drop its pending ones."""
@@ -93,6 +94,11 @@ class AlertEvaluator:
                 )
             records.append(AlertStateRecord(**dataclasses.asdict(retired)))
         return records
+
+    def records(self) -> list[AlertStateRecord]:
+        """Every current state: what delivery sends (from memory, so paging goes on while
+        the database is unreachable)."""
+        return [AlertStateRecord(**dataclasses.asdict(s)) for s in self._states.values()]
 
     def firing(self) -> list[AlertKey]:
         return [k for k, s in self._states.items() if s.state == "firing"]

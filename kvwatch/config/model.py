@@ -180,6 +180,28 @@ class Endpoint(_Strict):
         return self
 
 
+class Web(_Strict):
+    """Who may read the UI and API, and how much of an answer kvwatch keeps."""
+
+    bearer_token: Secret | None = None
+    bearer_token_file: SecretFilePath | None = None
+    basic_auth: BasicAuth | None = None
+    # Put /metrics, /healthz and /readyz behind the same credentials.
+    protect_metrics: Flag = False
+    # Answer excerpts are evidence, but in the incident kvwatch exists to catch they hold
+    # other users' data: keep (store and show) this many characters, or none at all.
+    answer_excerpts: Flag = True
+    answer_excerpt_chars: PositiveInt = 400
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> Web:
+        _exclusive(self, "bearer_token", "bearer_token_file")
+        has_bearer = self.bearer_token is not None or self.bearer_token_file is not None
+        if has_bearer and self.basic_auth is not None:
+            raise invalid("set either basic_auth or a bearer token, not both")
+        return self
+
+
 class Retention(_Strict):
     # How long probe results are kept; probes with a critical verdict are evidence of an
     # incident (a leak names other users' requests) and are kept longer.
@@ -205,6 +227,7 @@ class Config(_Strict):
     alertmanager: Alertmanager = Alertmanager()
     defaults: Defaults = Defaults()
     retention: Retention = Retention()
+    web: Web = Web()
     endpoints: list[Endpoint] = []
 
     @property

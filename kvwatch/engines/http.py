@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import ssl
 import time
-from collections.abc import AsyncIterator
+import zlib
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -19,6 +20,10 @@ MiB = 1024 * 1024
 DEFAULT_BODY_LIMIT = 4 * MiB
 ERROR_BODY_CHARS = 4096  # what an Exchange keeps of an engine's error body
 DETAIL_CHARS = 300  # one line of error detail
+# Largest piece one inflate step may produce. httpx's own decoders inflate a whole network
+# read at once: 64 KB of gzip can hold 64 MB, so a small bomb would blow past any body cap
+# before the cap is looked at.
+INFLATE_PIECE = 64 * 1024
 
 
 class BodyTooLarge(Exception):
@@ -48,6 +53,61 @@ class Stopwatch:
         return None if self.first_byte is None else self.first_byte - self.started
 
 
+class _Inflater:
+    """Bounded gzip/deflate decoding: every output piece is at most INFLATE_PIECE bytes."""
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        self._gzip = encoding in ("gzip", "x-gzip")
+        self._zlib = zlib.decompressobj(16 + zlib.MAX_WBITS if self._gzip else zlib.MAX_WBITS)
+        self._started = False
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        while not self._zlib.eof:
+            try:
+                out = self._zlib.decompress(data, INFLATE_PIECE)
+            except zlib.error as exc:
+                if not self._started and not self._gzip:
+                    # "deflate" sent without its zlib wrapper, as some servers do (httpx
+                    # accepts both, so kvwatch does too).
+                    self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
+                    self._started = True
+                    continue
+                raise httpx.DecodingError(f"{self.encoding} body cannot be decoded: {exc}") from exc
+            self._started = True
+            data = self._zlib.unconsumed_tail
+            if out:
+                yield out
+            # A full piece may leave output inside zlib even with no input left: ask again.
+            if not data and len(out) < INFLATE_PIECE:
+                return
+
+
+def _inflated(pieces: Iterable[bytes], inflater: _Inflater) -> Iterator[bytes]:
+    for piece in pieces:
+        yield from inflater.feed(piece)
+
+
+async def iter_body(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The decoded body of a streamed response, in pieces of bounded size.
+
+    Used instead of ``aiter_bytes`` so a compressed body is inflated a piece at a time and a
+    caller's size cap stops a decompression bomb early. Unknown encodings pass through
+    unchanged, as in httpx (the body then fails to parse, which is the finding)."""
+    encodings = [
+        value.strip().lower()
+        for value in response.headers.get_list("content-encoding", split_commas=True)
+    ]
+    inflaters = [_Inflater(e) for e in reversed(encodings) if e in ("gzip", "x-gzip", "deflate")]
+    async for raw in response.aiter_raw():
+        pieces: Iterable[bytes] = (raw,)
+        for inflater in inflaters:
+            pieces = _inflated(pieces, inflater)
+        for piece in pieces:
+            if piece:
+                yield piece
+
+
 async def read_capped(
     response: httpx.Response, limit: int, clock: Stopwatch | None = None
 ) -> bytes:
@@ -55,7 +115,7 @@ async def read_capped(
     (a misbehaving endpoint must not make the monitor buffer gigabytes)."""
     chunks: list[bytes] = []
     size = 0
-    async for chunk in response.aiter_bytes():
+    async for chunk in iter_body(response):
         if clock is not None and chunk:
             clock.mark_first_byte()
         size += len(chunk)
@@ -70,7 +130,7 @@ async def read_prefix(response: httpx.Response, limit: int) -> bytes:
     is the fact and whose text is only evidence)."""
     chunks: list[bytes] = []
     size = 0
-    async for chunk in response.aiter_bytes():
+    async for chunk in iter_body(response):
         room = limit - size
         chunks.append(chunk[:room])
         size += min(len(chunk), room)

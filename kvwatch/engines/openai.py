@@ -27,6 +27,7 @@ from kvwatch.engines.http import (
     bounded_text,
     classify_transport_error,
     describe_transport_error,
+    iter_body,
     one_line,
     progress_ticks,
     read_capped,
@@ -61,6 +62,8 @@ TOKENIZE_CONCURRENCY = 8
 # llama.cpp. It is the engine's answer to our own request, so it gets a cap of its own rather
 # than the chat body cap.
 TOKENIZE_BODY_LIMIT = 256 * 1024 * 1024
+# No window comes near 2**40 tokens; a reported count beyond it (or below 0) is garbage.
+MAX_TOKEN_COUNT = 2**40
 
 
 class EngineCallError(Exception):
@@ -138,6 +141,22 @@ def _usage(usage: Any) -> tuple[int | None, int | None]:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def reject_implausible_usage(exchange: Exchange) -> None:
+    """Drop token counts no engine can mean (negative, or past any real window), and say so.
+
+    Every adapter's body parsing ends here. A count like 10**30 would also overflow the
+    store's 64-bit column and lose the whole probe, so it must not leave the adapter. Pure."""
+    for name in ("prompt_tokens", "completion_tokens"):
+        value = getattr(exchange, name)
+        if value is None or 0 <= value <= MAX_TOKEN_COUNT:
+            continue
+        setattr(exchange, name, None)
+        exchange.body_parsed = False
+        if exchange.error_detail is None:
+            shown = str(value) if abs(value) < 10**15 else f"{value:.3e}"
+            exchange.error_detail = f"reported usage.{name} is {shown}, not a token count"
 
 
 class StreamAccumulator(Protocol):
@@ -307,6 +326,7 @@ class OpenAIEngine:
                 await self._exchange(body, stream, exchange, clock, timeout)
         except _CHAT_FAILURES as exc:
             self._transport_failure(exchange, exc, timeout)
+        reject_implausible_usage(exchange)
         exchange.ttfb_seconds = clock.ttfb
         exchange.total_seconds = clock.elapsed()
         return exchange
@@ -356,7 +376,10 @@ class OpenAIEngine:
             headers=self._headers(stream=stream),
             timeout=httpx.Timeout(deadline),
         )
-        response = await self._client.send(request, stream=True)
+        # A canary is judged as the configured endpoint's answer, so it is never re-sent to
+        # wherever a redirect points: a 307 to another host would page (or pass) on behalf
+        # of a server nobody configured. The redirect itself is what gets reported.
+        response = await self._client.send(request, stream=True, follow_redirects=False)
         try:
             exchange.status = response.status_code
             if not response.is_success:
@@ -364,9 +387,11 @@ class OpenAIEngine:
                 clock.mark_first_byte()
                 exchange.error_body = bounded_text(raw, ERROR_BODY_CHARS)
                 exchange.rejection = classify_rejection(response.status_code, raw)
-                exchange.error_detail = one_line(
-                    f"HTTP {response.status_code}: {self._error_summary(raw)}"
-                )
+                summary = self._error_summary(raw)
+                if response.is_redirect:
+                    where = self._scrub(response.headers.get("location", "nowhere"))
+                    summary = f"redirected to {where}; canaries do not follow redirects"
+                exchange.error_detail = one_line(f"HTTP {response.status_code}: {summary}")
                 return
             content_type = response.headers.get("content-type", "")
             if stream and self._is_stream_response(content_type):
@@ -387,7 +412,7 @@ class OpenAIEngine:
         reader = self._stream_reader(exchange)
         size = 0
         try:
-            async for chunk in response.aiter_bytes():
+            async for chunk in iter_body(response):
                 if not chunk:
                     continue
                 clock.mark_first_byte()

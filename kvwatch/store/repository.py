@@ -13,12 +13,12 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, func, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from kvwatch.canary.markers import canonical
 from kvwatch.canary.model import ForeignMarker, ProbeState
-from kvwatch.store.errors import StoreError
+from kvwatch.store.errors import StoreError, StoreUnavailable
 from kvwatch.store.migrate import current_revision, head_revision
 from kvwatch.store.models import AlertState, Endpoint, Marker, Probe, ProbeSlot
 from kvwatch.store.records import (
@@ -155,23 +155,7 @@ class Store:
         Only a running probe can be finished: a row that was interrupted (its replica was
         presumed dead) or already finished raises :class:`StoreError` and nothing is written.
         """
-        values: dict[str, Any] = {
-            "state": ProbeState.DONE.value,
-            "verdict": str(r.verdict),
-            "reason": r.reason,
-            "finished_at": r.finished_at,
-            "reported_prompt_tokens": r.reported_prompt_tokens,
-            "completion_tokens": r.completion_tokens,
-            "marker_found": r.marker_found,
-            "foreign_markers": [foreign_marker_to_json(m) for m in r.foreign_markers],
-            "http_status": r.http_status,
-            "finish_reason": r.finish_reason,
-            "answer_excerpt": r.answer_excerpt,
-            "error_body": r.error_body,
-            "error_detail": r.error_detail,
-            "ttfb_seconds": r.ttfb_seconds,
-            "duration_seconds": r.duration_seconds,
-        }
+        values: dict[str, Any] = {"state": ProbeState.DONE.value, **_outcome_values(r)}
         with self._errors(f"could not finish probe {probe_id}"), self._sessions.begin() as s:
             # The state guard sits in the UPDATE itself so two writers cannot both win.
             result = s.execute(
@@ -186,6 +170,49 @@ class Store:
                     raise StoreError(f"cannot finish probe {probe_id}: no such probe")
                 raise StoreError(f"cannot finish probe {probe_id}: it is {state}, not running")
             self._upsert_alert_states(s, alert_states)
+
+    def record_probe(
+        self,
+        p: NewProbe,
+        r: ProbeOutcome,
+        alert_states: Sequence[AlertStateRecord] = (),
+    ) -> int:
+        """Write a whole probe at once, when its start could not be recorded (the database
+        was unreachable): the done row, its marker and the alert states in one transaction."""
+        with self._errors("could not record a probe"), self._sessions.begin() as s:
+            row = Probe(
+                endpoint=p.endpoint,
+                endpoint_id=p.endpoint_id,
+                kind=str(p.kind),
+                state=ProbeState.DONE.value,
+                started_at=p.started_at,
+                replica=p.replica,
+                model=p.model,
+                planned_prompt_tokens=p.planned_prompt_tokens,
+                target_prompt_tokens=p.target_prompt_tokens,
+                max_tokens=p.max_tokens,
+                token_source=p.token_source,
+                tokenize_calls=p.tokenize_calls,
+                marker=p.marker,
+                marker_depth=p.marker_depth,
+                streamed=p.streamed,
+                confirms_probe_id=p.confirms_probe_id,
+                slot=p.slot,
+                **_outcome_values(r),
+            )
+            s.add(row)
+            s.flush()
+            if p.marker:
+                s.add(
+                    Marker(
+                        marker=canonical(p.marker),
+                        probe_id=row.id,
+                        endpoint=p.endpoint,
+                        issued_at=p.started_at,
+                    )
+                )
+            self._upsert_alert_states(s, alert_states)
+            return row.id
 
     def interrupt_running(
         self,
@@ -424,6 +451,12 @@ class Store:
     def _errors(self, what: str) -> Iterator[None]:
         try:
             yield
+        except (OperationalError, InterfaceError) as exc:
+            raise StoreUnavailable(f"{what}: {_first_line(exc)}") from exc
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise StoreUnavailable(f"{what}: {_first_line(exc)}") from exc
+            raise StoreError(f"{what}: {_first_line(exc)}") from exc
         except SQLAlchemyError as exc:
             raise StoreError(f"{what}: {_first_line(exc)}") from exc
 
@@ -491,6 +524,25 @@ def _probe_row(row: Probe) -> ProbeRow:
         confirms_probe_id=row.confirms_probe_id,
         slot=row.slot,
     )
+
+
+def _outcome_values(r: ProbeOutcome) -> dict[str, Any]:
+    return {
+        "verdict": str(r.verdict),
+        "reason": r.reason,
+        "finished_at": r.finished_at,
+        "reported_prompt_tokens": r.reported_prompt_tokens,
+        "completion_tokens": r.completion_tokens,
+        "marker_found": r.marker_found,
+        "foreign_markers": [foreign_marker_to_json(m) for m in r.foreign_markers],
+        "http_status": r.http_status,
+        "finish_reason": r.finish_reason,
+        "answer_excerpt": r.answer_excerpt,
+        "error_body": r.error_body,
+        "error_detail": r.error_detail,
+        "ttfb_seconds": r.ttfb_seconds,
+        "duration_seconds": r.duration_seconds,
+    }
 
 
 def _alert_values(r: AlertStateRecord) -> dict[str, Any]:

@@ -63,6 +63,15 @@ def create_app(ctx: WebContext) -> FastAPI:
         ok, detail = await asyncio.to_thread(ctx.store.readiness)
         return PlainTextResponse(detail + "\n", status_code=200 if ok else 503)
 
+    @app.post("/-/reload", include_in_schema=False, dependencies=guard)
+    async def reload() -> PlainTextResponse:
+        # As Prometheus: 200 when the new configuration is running, 500 with the reason when
+        # it was refused (the old one keeps running).
+        if ctx.reload is None:
+            return PlainTextResponse("reload is not available here\n", status_code=503)
+        ok, message = await ctx.reload()
+        return PlainTextResponse(message + "\n", status_code=200 if ok else 500)
+
     app.include_router(build_api(ctx), dependencies=guard)
     app.include_router(build_pages(ctx), dependencies=guard)
     # Static files carry no data; they stay open so a login prompt page can still be styled.

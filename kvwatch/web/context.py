@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -25,3 +25,5 @@ class WebContext:
     settings: WebSettings = field(default_factory=WebSettings)
     # "Now" for default windows (last 24 h, recently resolved); tests pass a fixed clock.
     now: Callable[[], datetime] = utcnow
+    # POST /-/reload: re-read the configuration (the daemon's; None where there is none).
+    reload: Callable[[], Awaitable[tuple[bool, str]]] | None = None

@@ -174,6 +174,9 @@ def test_sighup_applies_endpoint_changes_and_rejects_a_bad_config(tmp_path, db_u
             )
             assert "endpoints[0].context_window: must be a positive integer" in log.read_text()
             assert proc.poll() is None
+            refused = httpx.post(f"http://{listen}/-/reload", timeout=10)
+            assert refused.status_code == 500
+            assert "endpoints[0].context_window: must be a positive integer" in refused.text
         finally:
             assert stop(proc) == 0, log.read_text()
 
