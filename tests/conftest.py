@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
 
 from kvwatch.store.engine import create_engine_for
 from kvwatch.store.migrate import upgrade_engine
@@ -36,7 +37,13 @@ def _server_url() -> URL:
 def postgres_database_url() -> Iterator[URL]:
     """A throwaway PostgreSQL database for this test session (fails under CI if unreachable)."""
     server = _server_url()
-    admin = create_engine(server, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5})
+    # NullPool: a connection per use, so a test that restarts PostgreSQL leaves no dead one.
+    admin = create_engine(
+        server,
+        isolation_level="AUTOCOMMIT",
+        connect_args={"connect_timeout": 5},
+        poolclass=NullPool,
+    )
     name = f"kvwatch_test_{secrets.token_hex(6)}"
     try:
         with admin.connect() as connection:
@@ -62,7 +69,7 @@ def postgres_database_url() -> Iterator[URL]:
 def postgres_schema_url(postgres_database_url: URL) -> Iterator[str]:
     """A URL whose connections land in a fresh, empty schema of the session database."""
     schema = f"t_{secrets.token_hex(6)}"
-    admin = create_engine(postgres_database_url, isolation_level="AUTOCOMMIT")
+    admin = create_engine(postgres_database_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     with admin.connect() as connection:
         connection.execute(text(f'CREATE SCHEMA "{schema}"'))
     url = postgres_database_url.update_query_dict({"options": f"-csearch_path={schema}"})
