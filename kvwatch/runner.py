@@ -299,6 +299,8 @@ class ProbeRunner:
                 foreign = await self._foreign_markers(exchange, marker)
                 verdict_of = judge_edge if kind is ProbeKind.EDGE else judge
                 judgement = verdict_of(plan, exchange, foreign)
+                if plan.note and judgement.verdict is not Verdict.PASS:
+                    judgement.reason = f"{judgement.reason}; {plan.note}"
                 if exchange.prompt_tokens is not None:
                     target.counter.observe(plan.planned_tokens, exchange.prompt_tokens)
         except asyncio.CancelledError:

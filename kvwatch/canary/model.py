@@ -139,6 +139,7 @@ class PlannedPrompt:
     tokenize_calls: int = 0  # full-prompt tokenize calls spent planning it
     token_source: str = "server"
     marker_depth: float = 0.0  # fraction of the filler before the marker
+    note: str | None = None  # what planning noticed about the target (added to a failure)
 
 
 @dataclass(slots=True)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvwatch.canary import filler
+from kvwatch.canary.collapse import swallowed_reason, template_swallows_content
 from kvwatch.canary.model import Message, PlannedPrompt, ProbeKind
 from kvwatch.tokens.base import TokenCounter
 
@@ -106,6 +107,25 @@ async def plan_prompt(
     for _ in range(max_rounds):
         total = await counter.count_prompt(layout.messages(pieces))
         calls += 1
+        text_tokens = sum(counts[p] for p in pieces)
+        if calls == 1 and template_swallows_content(base, total, text_tokens):
+            # The serving stack's template drops the text, so its count cannot be steered.
+            # Send the canary as sized by its content: the engine's usage will then show
+            # how little of it was read (truncated), with the answer as evidence.
+            return PlannedPrompt(
+                kind=kind,
+                messages=layout.messages(pieces),
+                marker=marker,
+                planned_tokens=base + text_tokens,
+                target_tokens=target_tokens,
+                exact=False,
+                tolerance=counter.tolerance(base + text_tokens),
+                max_tokens=max_tokens,
+                tokenize_calls=calls,
+                token_source=counter.source,
+                marker_depth=depth,
+                note=swallowed_reason(base, total, text_tokens),
+            )
         # An estimate cannot be steered token by token; sizing already left it a margin.
         fits = _acceptable(total, target_tokens, side) or not counter.exact
         if fits and (best is None or abs(target_tokens - total) < abs(target_tokens - best[0])):

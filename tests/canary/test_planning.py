@@ -90,3 +90,19 @@ async def test_planning_is_exact_for_any_target_kind_seed_and_depth(target, kind
     assert p.planned_tokens == target
     assert tokenizer.count(render_chat(p.messages)) == target
     assert markers.contains_marker(p.messages[0].content, p.marker)
+
+
+class CollapsingCounter(SimCounter):
+    """A serving stack whose chat template renders every conversation as one word."""
+
+    async def count_prompt(self, messages):
+        self.prompt_calls += 1
+        return 3
+
+
+async def test_a_template_that_drops_the_text_is_planned_by_content_and_noted():
+    """The engine's count does not grow with the filler: plan by content, say why."""
+    p = await _plan(ProbeKind.UNDER, 2016, counter=CollapsingCounter())
+    assert p.tokenize_calls == 1
+    assert p.planned_tokens > 1900
+    assert p.note is not None and "chat template drops the prompt's text" in p.note
