@@ -16,8 +16,8 @@ from kvwatch.simulator.server import run_simulator
 DEMO_INTERVAL = "20s"
 
 
-def demo_config(urls: dict[str, tuple[str, str, int]], database: str) -> Config:
-    """A config monitoring each simulated endpoint (url, model, window) by name.
+def demo_config(urls: dict[str, tuple[str, str, int, str]], database: str) -> Config:
+    """A config monitoring each simulated endpoint (url, model, window, flavour) by name.
 
     The KV pool is deliberately not configured: the faulty endpoints advertise more window
     than their pool, which the capacity gate would (rightly) refuse to start with.
@@ -27,8 +27,14 @@ def demo_config(urls: dict[str, tuple[str, str, int]], database: str) -> Config:
         "listen": "127.0.0.1:9464",
         "defaults": {"interval": DEMO_INTERVAL, "jitter": "2s"},
         "endpoints": [
-            {"name": name, "url": url, "model": model, "context_window": window}
-            for name, (url, model, window) in urls.items()
+            {
+                "name": name,
+                "url": url,
+                "model": model,
+                "context_window": window,
+                "flavour": flavour,
+            }
+            for name, (url, model, window, flavour) in urls.items()
         ],
     }
     return parse_config(yaml.safe_dump(doc), source="<demo>")
@@ -40,7 +46,9 @@ async def run_demo(*, grace_seconds: float, database: str = "sqlite:///kvwatch.d
     log = structlog.get_logger("kvwatch.demo")
     fleet = demo_fleet()
     async with run_simulator(fleet) as sim:
-        urls = {ep.name: (sim.url_for(ep.name), ep.model, ep.window) for ep in fleet}
+        urls = {
+            ep.name: (sim.url_for(ep.name), ep.model, ep.window, ep.flavour.value) for ep in fleet
+        }
         log.info(
             "demo_mode",
             hint="no kvwatch.yaml found: monitoring simulated endpoints; see README to configure",
