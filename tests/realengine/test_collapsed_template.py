@@ -4,7 +4,8 @@ The word ``gemma`` is taken as the literal template, so every chat renders as th
 3 prompt tokens, HTTP 200, a fluent answer. ``/apply-template`` renders the same collapsed
 prompt, so the server's own count agrees with its usage: planned = reported = 3, and the plain
 planned-vs-reported comparison sees nothing. What gives it away while planning is that the
-templated count does not grow with the filler (:mod:`kvwatch.canary.collapse`).
+templated count does not grow with the filler (:mod:`kvwatch.canary.collapse`): the planner
+then sends the canary sized by its content, and the 3 tokens of usage show the truncation.
 
 With ``tokenizer: usage`` kvwatch sizes the prompt by characters, so it plans ~2,000 tokens and
 the 3 reported are caught as truncated with no help.
@@ -20,13 +21,7 @@ from tests.realengine.probes import llamacpp_entry, probe_rig
 
 COLLAPSED_PROMPT_TOKENS = 3  # BOS + "gemma"
 
-NEEDS_WIRING = pytest.mark.xfail(
-    strict=True,
-    reason="needs the lead's wiring of collapse detection into plan_prompt (report of issue 9)",
-)
 
-
-@NEEDS_WIRING
 @pytest.mark.parametrize("kind", [ProbeKind.UNDER, ProbeKind.BASELINE])
 async def test_a_collapsed_template_is_caught_as_truncated_with_the_server_tokenizer(
     llama_server_collapsed_url: str, sqlite_store: Store, kind: ProbeKind
