@@ -58,23 +58,26 @@ class _Inflater:
 
     def __init__(self, encoding: str) -> None:
         self.encoding = encoding
-        self._gzip = encoding in ("gzip", "x-gzip")
-        self._zlib = zlib.decompressobj(16 + zlib.MAX_WBITS if self._gzip else zlib.MAX_WBITS)
-        self._started = False
+        gzip = encoding in ("gzip", "x-gzip")
+        self._zlib = zlib.decompressobj(16 + zlib.MAX_WBITS if gzip else zlib.MAX_WBITS)
+        # "deflate" comes with or without its zlib wrapper (httpx accepts both, so kvwatch
+        # does too): the first two bytes decide, so they are held until both arrived.
+        self._head: bytes | None = None if gzip else b""
 
     def feed(self, data: bytes) -> Iterator[bytes]:
+        if self._head is not None:
+            self._head += data
+            if len(self._head) < 2:
+                return
+            data, self._head = self._head, None
+            cmf, flg = data[0], data[1]
+            if cmf & 0x0F != 8 or ((cmf << 8) | flg) % 31 != 0:
+                self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
         while not self._zlib.eof:
             try:
                 out = self._zlib.decompress(data, INFLATE_PIECE)
             except zlib.error as exc:
-                if not self._started and not self._gzip:
-                    # "deflate" sent without its zlib wrapper, as some servers do (httpx
-                    # accepts both, so kvwatch does too).
-                    self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
-                    self._started = True
-                    continue
                 raise httpx.DecodingError(f"{self.encoding} body cannot be decoded: {exc}") from exc
-            self._started = True
             data = self._zlib.unconsumed_tail
             if out:
                 yield out
