@@ -183,3 +183,27 @@ async def test_a_healthy_endpoint_over_200_cycles_raises_no_alert(db_url, alertm
         await asyncio.sleep(1.5)
         assert active(alertmanager) == []
         assert webhook.bodies() == []
+
+
+async def test_a_restart_neither_forgets_a_firing_alert_nor_pages_it_again_as_new(
+    tmp_path: Path, alertmanager, webhook
+):
+    """Firing alerts are reloaded from the database and re-sent with their startsAt."""
+    db = f"sqlite:///{tmp_path / 'kvwatch.db'}"
+    async with run_simulator(FLEET) as sim:
+        sim.set_fault("ep", FaultMode.ACCEPT_OVER_LIMIT)
+        config = paging_config(sim, db, alertmanager, "a")
+        async with kvwatch(config) as first:
+            await probe(first, ProbeKind.OVER)
+            fired = await eventually("the page", lambda: active(alertmanager))
+        states = [s for s in first.store.load_alert_states() if s.state == "firing"]
+        assert len(states) == 1
+        async with kvwatch(config):
+            # No probe runs in the new process: the page must come from the stored state.
+            await asyncio.sleep(2.5)
+            again = active(alertmanager)
+            assert len(again) == 1
+            assert again[0]["startsAt"] == fired[0]["startsAt"]
+            assert again[0]["labels"] == fired[0]["labels"]
+        firing_notes = notified(webhook, "firing")
+        assert {n["startsAt"] for n in firing_notes} == {fired[0]["startsAt"]}
