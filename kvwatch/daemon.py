@@ -53,8 +53,10 @@ def build_http_client() -> httpx.AsyncClient:
     return httpx.AsyncClient(
         limits=HTTP_LIMITS,
         timeout=httpx.Timeout(None, connect=10.0),
-        follow_redirects=True,
-        max_redirects=3,
+        # Canaries never follow redirects (a redirect to another host would judge that host's
+        # answer as the endpoint's); tokenize and discovery calls do the same. Configure the
+        # final URL.
+        follow_redirects=False,
         headers={"User-Agent": f"kvwatch/{__version__}"},
     )
 

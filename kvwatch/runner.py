@@ -47,6 +47,9 @@ from kvwatch.tokens.base import TokenCounter
 from kvwatch.writebehind import PendingResult, ResultBuffer
 
 EXCERPT_CHARS = 400
+# A discovered window above this is garbage, not a model: planning it would build a prompt
+# of that size. (Configured windows are the operator's word and are not capped.)
+MAX_PLAUSIBLE_WINDOW = 2**27
 ERROR_BODY_CHARS = 2000
 
 log = structlog.get_logger("kvwatch.probe")
@@ -114,9 +117,15 @@ class ProbeRunner:
     def __post_init__(self) -> None:
         self.results = ResultBuffer(self.store, self.metrics.registry)
 
-    async def run_slot(self, target: Target, kind: ProbeKind, slot: int) -> list[ProbeReport]:
+    async def run_slot(
+        self, target: Target, kind: ProbeKind, slot: int, *, scheduled: datetime | None = None
+    ) -> list[ProbeReport]:
         """Run a scheduled slot if this replica wins its claim (several replicas may share a
-        database: each slot runs once). An unfinished slot's claim expires and is retried."""
+        database: each slot runs once). An unfinished slot's claim expires and is retried.
+
+        ``scheduled`` is when the scheduler meant the run to start: the probe line logs how
+        late it actually started (``lag_seconds``), the first sign of an overloaded replica.
+        """
         spec = target.spec
         # Long enough for the probe and its confirmation, each up to its deadline.
         ttl = 2 * spec.timeouts[kind] + 30
@@ -132,7 +141,7 @@ class ProbeRunner:
         if not claimed:
             log.debug("slot_taken", endpoint=spec.name, kind=kind.value, slot=slot)
             return []
-        reports = await self.run_checked(target, kind, slot=slot)
+        reports = await self.run_checked(target, kind, slot=slot, scheduled=scheduled)
         try:
             await asyncio.to_thread(
                 self.store.complete_slot,
@@ -152,6 +161,7 @@ class ProbeRunner:
         progress: ProgressCallback | None = None,
         *,
         slot: int | None = None,
+        scheduled: datetime | None = None,
     ) -> list[ProbeReport]:
         """Run a probe and, on a critical verdict, its confirmation probe at once.
 
@@ -159,12 +169,14 @@ class ProbeRunner:
         probe, just over the pool: exactly where the incident happened.
         """
         if kind is ProbeKind.CAPACITY:
-            first_check = await self._run_capacity(target, slot=slot)
+            first_check = await self._run_capacity(target, slot=slot, scheduled=scheduled)
             if first_check is None:
                 return []
             reports = [first_check]
         else:
-            reports = [await self.run(target, kind, progress=progress, slot=slot)]
+            reports = [
+                await self.run(target, kind, progress=progress, slot=slot, scheduled=scheduled)
+            ]
         first = reports[0]
         if target.spec.confirm and SEVERITY[first.verdict] is Severity.CRITICAL:
             if kind is ProbeKind.CAPACITY:
@@ -180,7 +192,12 @@ class ProbeRunner:
         return reports
 
     async def _run_capacity(
-        self, target: Target, *, confirms: int | None = None, slot: int | None = None
+        self,
+        target: Target,
+        *,
+        confirms: int | None = None,
+        slot: int | None = None,
+        scheduled: datetime | None = None,
     ) -> ProbeReport | None:
         """Compare what the engine reports (window, KV pool) with itself and the config.
 
@@ -238,7 +255,9 @@ class ProbeRunner:
             slot=slot,
         )
         probe_id = await self.results.begin(new)
-        return await self._finish(target, kind, new, probe_id, None, exchange, judgement)
+        return await self._finish(
+            target, kind, new, probe_id, None, exchange, judgement, scheduled=scheduled
+        )
 
     async def run(
         self,
@@ -248,6 +267,7 @@ class ProbeRunner:
         confirms: int | None = None,
         progress: ProgressCallback | None = None,
         slot: int | None = None,
+        scheduled: datetime | None = None,
     ) -> ProbeReport:
         spec = target.spec
         marker = markers.new_marker()
@@ -315,7 +335,9 @@ class ProbeRunner:
                     )
             self.metrics.interrupted.inc()
             raise
-        return await self._finish(target, kind, new, probe_id, plan, exchange, judgement)
+        return await self._finish(
+            target, kind, new, probe_id, plan, exchange, judgement, scheduled=scheduled
+        )
 
     async def _plan(self, target: Target, kind: ProbeKind, marker: str) -> PlannedPrompt:
         spec = target.spec
@@ -365,6 +387,11 @@ class ProbeRunner:
                 raise WindowUnknown(
                     "context_window is not configured and the engine does not report it"
                 )
+            if found.context_window > MAX_PLAUSIBLE_WINDOW:
+                raise WindowUnknown(
+                    f"the engine reports a window of {found.context_window} tokens, which no "
+                    "engine serves; configure context_window"
+                )
             target.window = found.context_window
         return target.window
 
@@ -393,6 +420,8 @@ class ProbeRunner:
         plan: PlannedPrompt | None,
         ex: Exchange,
         judgement: Judgement,
+        *,
+        scheduled: datetime | None = None,
     ) -> ProbeReport:
         spec = target.spec
         confirms = new.confirms_probe_id
@@ -469,6 +498,12 @@ class ProbeRunner:
             tokenize_calls=plan.tokenize_calls if plan else 0,
             confirms_probe_id=confirms,
             store_write_seconds=round(write_seconds, 4),
+            slot=new.slot,
+            lag_seconds=(
+                None
+                if scheduled is None
+                else round((new.started_at - scheduled).total_seconds(), 4)
+            ),
         )
         return report
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 
 import structlog
+from apscheduler.events import EVENT_JOB_SUBMITTED, JobSubmissionEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
@@ -35,6 +36,18 @@ def job_id(endpoint: str, kind: ProbeKind) -> str:
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+# Probes in flight at once. Beyond the HTTP pool's connections (daemon.HTTP_LIMITS) extra
+# probes only queue inside httpcore, whose pool rescans its whole queue for every request it
+# places: with a thousand endpoints firing together that scan starved the event loop and
+# every probe hit its deadline. Waiting here is cheap, and a probe's deadline only starts
+# once it runs. Generous, because a long-window probe may hold its slot for minutes.
+MAX_CONCURRENT_PROBES = 100
+# First runs are spread so that at most this many start per second (but over no more than
+# the job's interval, and no less than ``first_run_within``): a thousand endpoints must not
+# all send their first canary in the same ten seconds.
+FIRST_RUNS_PER_SECOND = 10.0
+
+
 def slot_for(when: float, interval: float) -> int:
     """The slot (start, in epoch seconds) that a run at ``when`` belongs to."""
     return int(when // interval * interval)
@@ -46,6 +59,8 @@ class ProbeScheduler:
         runner: ProbeRunner,
         *,
         first_run_within: float = 10.0,
+        max_concurrent: int = MAX_CONCURRENT_PROBES,
+        first_runs_per_second: float = FIRST_RUNS_PER_SECOND,
         rng: random.Random | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -54,10 +69,27 @@ class ProbeScheduler:
         self._tasks: set[asyncio.Task[object]] = set()
         self._targets: dict[str, Target] = {}
         self._first_run_within = first_run_within
+        self._first_spread = first_run_within
+        self._first_runs_per_second = first_runs_per_second
+        self._gate = asyncio.Semaphore(max_concurrent)
+        # One probe at a time per endpoint: its under and over probes are the two largest
+        # prompts it serves, and they need not compete for its KV cache with each other.
+        self._endpoint_gates: dict[str, asyncio.Semaphore] = {}
         self._rng = rng or random.Random()
         self._clock = clock
+        # When each submitted run was due: APScheduler knows but does not pass it to the job.
+        # The listener runs before the job's task does, so the job finds its own entry.
+        self._due: dict[str, datetime] = {}
+        self._scheduler.add_listener(self._submitted, EVENT_JOB_SUBMITTED)
+
+    def _submitted(self, event: JobSubmissionEvent) -> None:
+        if event.scheduled_run_times:
+            self._due[event.job_id] = max(event.scheduled_run_times)
 
     def start(self, targets: Iterable[Target]) -> None:
+        targets = list(targets)
+        jobs = sum(len(t.spec.probes) for t in targets)
+        self._first_spread = max(self._first_run_within, jobs / self._first_runs_per_second)
         for target in targets:
             self.add(target)
         self._scheduler.start()
@@ -67,8 +99,10 @@ class ProbeScheduler:
         self._targets[spec.name] = target
         for kind in spec.probes:
             # Spread first runs over a few seconds: results show up quickly after a start
-            # without every endpoint's canary landing in the same instant.
-            first = self._clock() + timedelta(seconds=self._rng.uniform(0, self._first_run_within))
+            # without every endpoint's canary landing in the same instant (a large fleet's
+            # over up to one interval, see FIRST_RUNS_PER_SECOND).
+            spread = min(self._first_spread, max(self._first_run_within, spec.interval_seconds))
+            first = self._clock() + timedelta(seconds=self._rng.uniform(0, spread))
             self._scheduler.add_job(
                 self._run,
                 IntervalTrigger(
@@ -93,6 +127,7 @@ class ProbeScheduler:
             left = [k for k in target.spec.probes if k not in set(kinds)]
             if not left:
                 del self._targets[endpoint]
+                self._endpoint_gates.pop(endpoint, None)
         for kind in kinds:
             if self._scheduler.get_job(job_id(endpoint, kind)):
                 self._scheduler.remove_job(job_id(endpoint, kind))
@@ -144,10 +179,17 @@ class ProbeScheduler:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        scheduled = None
         if slot is None:
-            slot = slot_for(self._clock().timestamp(), target.spec.interval_seconds)
+            scheduled = self._due.pop(job_id(target.spec.name, kind), None)
+            # The slot of the run that was due, not of the moment it started: a run started
+            # late under load still claims its own slot, as every other replica computes it.
+            when = scheduled or self._clock()
+            slot = slot_for(when.timestamp(), target.spec.interval_seconds)
+        endpoint_gate = self._endpoint_gates.setdefault(target.spec.name, asyncio.Semaphore(1))
         try:
-            await self._runner.run_slot(target, kind, slot)
+            async with endpoint_gate, self._gate:
+                await self._runner.run_slot(target, kind, slot, scheduled=scheduled)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -61,6 +61,14 @@ def _judge_over(ex: Exchange, verdict: _Make) -> Judgement:
     if 200 <= status < 300:
         if ex.stream_error_frame:
             return verdict(V.WRONG_REJECTION, "over-limit prompt got 200 with an error frame")
+        if not ex.body_parsed:
+            # A 2xx that is no completion (an HTML error page, garbage) did not serve the
+            # prompt, but did not refuse it properly either.
+            return verdict(
+                V.WRONG_REJECTION,
+                f"over-limit prompt got HTTP {status} without a completion: "
+                f"{ex.error_detail or 'unusable body'}",
+            )
         return verdict(V.OVER_ACCEPTED, f"over-limit prompt accepted with HTTP {status}")
     if 400 <= status < 500 and ex.rejection is Rejection.CONTEXT_LENGTH:
         return verdict(V.PASS, f"rejected with HTTP {status} context-length error")
@@ -83,9 +91,9 @@ def _judge_recall(
                 V.UNDER_REJECTED,
                 f"{plan.planned_tokens}-token prompt rejected as too long (HTTP {status})",
             )
-        return verdict(V.ERROR, f"HTTP {status}: {ex.error_detail or 'request rejected'}")
+        return verdict(V.ERROR, _http(status, ex.error_detail, "request rejected"))
     if not 200 <= status < 300:
-        return verdict(V.ERROR, f"HTTP {status}: {ex.error_detail or 'server error'}")
+        return verdict(V.ERROR, _http(status, ex.error_detail, "server error"))
     if ex.stream_error_frame:
         return verdict(V.STREAM_ERROR, "200 stream carried an error frame")
     if ex.streamed and not ex.stream_terminated:
@@ -112,3 +120,9 @@ def _judge_recall(
             f"marker recalled; usage drift +{drift} tokens beyond tolerance: recalibrate",
         )
     return verdict(V.PASS, "marker recalled")
+
+
+def _http(status: int, detail: str | None, fallback: str) -> str:
+    """``HTTP 503: <detail>``, without doubling a prefix the adapter already wrote."""
+    text = detail or fallback
+    return text if text.startswith(f"HTTP {status}") else f"HTTP {status}: {text}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -64,6 +65,7 @@ TOKENIZE_CONCURRENCY = 8
 TOKENIZE_BODY_LIMIT = 256 * 1024 * 1024
 # No window comes near 2**40 tokens; a reported count beyond it (or below 0) is garbage.
 MAX_TOKEN_COUNT = 2**40
+_USERINFO = re.compile(r"(\w+://)[^/@\s]+@")
 
 
 class EngineCallError(Exception):
@@ -479,10 +481,11 @@ class OpenAIEngine:
         return headers
 
     def _scrub(self, text: str) -> str:
-        # Transport messages can echo a URL; a key pasted into one must not reach a log.
+        # Transport messages can echo a URL; a key pasted into one, or a password in its
+        # user-info part, must not reach a log.
         if self._api_key:
             text = text.replace(self._api_key, "***")
-        return text
+        return _USERINFO.sub(r"\1***@", text)
 
     # -- helper calls -----------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from kvwatch.simulator.fleet import demo_fleet
+from kvwatch.simulator.fleet import demo_fleet, scale_fleet
 from kvwatch.simulator.proxy import run_proxy
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, Flavour, SimEndpoint
@@ -50,6 +50,18 @@ def parse_endpoint(text: str) -> SimEndpoint:
             known = ", ".join(m.value for m in enum_type)
             raise ValueError(f"{key} must be one of: {known}")
     return SimEndpoint(**values)
+
+
+def parse_window_range(text: str) -> tuple[int, int]:
+    """``2048-8192`` (or a single ``4096``) → (min, max) windows for ``--fleet``."""
+    low, sep, high = text.replace("_", "").partition("-")
+    try:
+        lo, hi = int(low), int(high if sep else low)
+    except ValueError:
+        raise ValueError(f"{text!r}: expected MIN-MAX tokens, e.g. 2048-8192") from None
+    if not 0 < lo <= hi:
+        raise ValueError(f"{text!r}: expected 0 < MIN <= MAX")
+    return lo, hi
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -99,6 +111,7 @@ async def serve(
     echo: Callable[[str], None],
     stop: asyncio.Event | None = None,
     proxy: str | None = None,
+    list_limit: int = 50,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or until ``stop`` is set); in front of ``proxy`` if given."""
     stop = stop or asyncio.Event()
@@ -114,8 +127,10 @@ async def serve(
         async with running as sim:
             mode = "simulator" if proxy is None else f"proxy to {proxy}"
             echo(f"kvwatch {mode} on {sim.base_url} ({len(endpoints)} endpoints)")
-            for endpoint in endpoints:
+            for endpoint in endpoints[:list_limit]:
                 echo(describe(endpoint, sim.url_for(endpoint.name)))
+            if len(endpoints) > list_limit:
+                echo(f"... and {len(endpoints) - list_limit} more")
             echo(f"stats: {sim.base_url}/_sim/stats · Ctrl-C to stop")
             await stop.wait()
     finally:
@@ -157,8 +172,25 @@ async def serve(
     help="Forward every endpoint to the real engine at URL (its root, e.g. llama-server's "
     "http://HOST:PORT) and inject each endpoint's fault on the way. Needs --endpoint.",
 )
+@click.option(
+    "--fleet",
+    type=click.IntRange(min=1),
+    help="Also serve N healthy endpoints fleet-0000, fleet-0001, ... (scale tests).",
+)
+@click.option(
+    "--fleet-window",
+    default="2048-8192",
+    show_default=True,
+    metavar="MIN-MAX",
+    help="Windows of the --fleet endpoints, spread evenly over MIN-MAX tokens.",
+)
 def simulate(
-    listen: tuple[str, int], endpoints: tuple[SimEndpoint, ...], demo: bool, proxy: str | None
+    listen: tuple[str, int],
+    endpoints: tuple[SimEndpoint, ...],
+    demo: bool,
+    proxy: str | None,
+    fleet: int | None,
+    fleet_window: str,
 ) -> None:
     """Serve fake OpenAI-compatible LLM endpoints that fail like real ones.
 
@@ -167,6 +199,11 @@ def simulate(
     data, truncation, limits not enforced, wrong rejections.
     """
     chosen = list(endpoints)
+    if fleet is not None:
+        try:
+            chosen.extend(scale_fleet(fleet, *parse_window_range(fleet_window)))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--fleet-window") from exc
     if proxy is not None and (demo or not chosen):
         raise click.UsageError(
             "--proxy needs --endpoint (the demo fleet has simulator-only faults)"

@@ -35,3 +35,24 @@ def demo_fleet() -> list[SimEndpoint]:
         )
         for fault, (window, kv_pool) in _SIZES.items()
     ]
+
+
+def scale_fleet(
+    count: int, min_window: int = 2048, max_window: int = 8192, model: str = DEMO_MODEL
+) -> list[SimEndpoint]:
+    """``count`` healthy endpoints ``fleet-0000``... with windows spread evenly over
+    ``[min_window, max_window]``: many virtual endpoints from one process, for scale tests."""
+    if count <= 0:
+        raise ValueError("a fleet needs at least one endpoint")
+    if not 0 < min_window <= max_window:
+        raise ValueError("fleet windows must satisfy 0 < min <= max")
+    width = len(str(count - 1))
+    span = max_window - min_window
+    return [
+        SimEndpoint(
+            name=f"fleet-{i:0{max(4, width)}d}",
+            model=model,
+            window=min_window + (span * i // (count - 1) if count > 1 else 0),
+        )
+        for i in range(count)
+    ]

@@ -82,6 +82,13 @@ CASES = [
     ("leak on baseline", BL, ok(answer="x"), (OTHER,), Verdict.FOREIGN_MARKER),
     ("leak beats a missing usage", UN, ok(prompt_tokens=None), (OTHER,), Verdict.FOREIGN_MARKER),
     ("over accepted", OV, ok(), (), Verdict.OVER_ACCEPTED),
+    (
+        "over answered 200 with no completion",
+        OV,
+        Exchange(status=200, body_parsed=False, error_detail="2xx body is not JSON"),
+        (),
+        Verdict.WRONG_REJECTION,
+    ),
     ("under truncated (fewer tokens reported)", UN, ok(prompt_tokens=1), (), Verdict.TRUNCATED),
     ("truncated even with the marker kept", UN, ok(prompt_tokens=2048), (), Verdict.TRUNCATED),
     ("collapsed template on baseline", BL, ok(prompt_tokens=3), (), Verdict.TRUNCATED),
