@@ -341,6 +341,8 @@ class Daemon:
             )
             if recovered:
                 built.metrics.interrupted.inc(recovered)
+            # Claims this replica held when it was killed: free them for the first runs.
+            await asyncio.to_thread(built.store.expire_claims, config.replica_id)
             if built.delivery is not None:
                 delivery_task = asyncio.create_task(built.delivery.run(), name="alert-delivery")
                 stack.push_async_callback(_stop_delivery, built.delivery, delivery_task)

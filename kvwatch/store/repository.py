@@ -294,6 +294,23 @@ class Store:
             )
             return True
 
+    def expire_claims(self, replica: str) -> int:
+        """Expire the undone claims a previous run of ``replica`` left (it was killed), so the
+        slots can be run again at once instead of after their expiry."""
+        now = self._now()
+        with self._errors("could not expire old claims"), self._sessions.begin() as s:
+            result = s.execute(
+                update(ProbeSlot)
+                .where(
+                    ProbeSlot.replica == replica,
+                    ProbeSlot.done.is_(False),
+                    ProbeSlot.expires_at > now,
+                )
+                .values(expires_at=now)
+                .execution_options(synchronize_session=False)
+            )
+            return int(result.rowcount)  # type: ignore[attr-defined]
+
     def complete_slot(self, endpoint: str, kind: str, slot: int, probe_id: int | None) -> None:
         with self._errors("could not complete a probe slot"), self._sessions.begin() as s:
             s.execute(

@@ -80,3 +80,16 @@ def test_an_expired_claim_is_taken_over_and_the_dead_replicas_probe_interrupted(
     row = store.get_probe(dead)
     assert row is not None and row.state is ProbeState.INTERRUPTED and row.slot == 1000
     assert not store.claim_slot("ep", "under", 1000, "c", ttl=60)
+
+
+def test_a_restarted_replica_frees_the_claims_it_was_killed_holding(db_url):
+    """expire_claims makes a dead run's claims takeable at once, and only that replica's."""
+    clock = Clock()
+    store = clocked_store(db_url, clock)
+    assert store.claim_slot("ep", "under", 1000, "a", ttl=600)
+    assert store.claim_slot("ep", "over", 1000, "b", ttl=600)
+    clock.now += timedelta(seconds=1)
+    assert store.expire_claims("a") == 1
+    clock.now += timedelta(seconds=1)
+    assert store.claim_slot("ep", "under", 1000, "a", ttl=600)
+    assert not store.claim_slot("ep", "over", 1000, "a", ttl=600)
