@@ -194,3 +194,46 @@ class ProbeSlot(Base):
     probe_id: Mapped[int | None] = mapped_column(
         Id, ForeignKey("probes.id", ondelete="SET NULL"), nullable=True
     )
+
+
+class ProbeRollup(Base):
+    """Finished probes of one endpoint, one UTC hour and one verdict, aggregated.
+
+    The 7- and 30-day charts and summaries read these (hundreds of rows) instead of every
+    probe (tens of thousands). Rows are kept exact by the store: bumped in the transaction
+    that finishes a probe, recomputed for the hours a prune touches, and rebuildable from
+    ``probes`` at any time (``kvwatch.store.rollups.rebuild``). Durations' percentiles cannot
+    be merged from aggregates, so each row also keeps its probes' durations (exact, as
+    text): a percentile over 30 days parses hundreds of short strings instead of fetching
+    tens of thousands of rows.
+    """
+
+    __tablename__ = "probe_rollups"
+    # Clustered on the key in SQLite: a chart reads one endpoint's hours in key order.
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+    endpoint: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hour: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # epoch seconds, UTC
+    verdict: Mapped[str] = mapped_column(String(32), primary_key=True)
+    probes: Mapped[int] = mapped_column(Integer)
+    timed: Mapped[int] = mapped_column(Integer)  # probes with a duration
+    max_duration_seconds: Mapped[float | None] = mapped_column(Float)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)  # reported by the engine
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    max_planned_under: Mapped[int | None] = mapped_column(BigInteger)  # under probes only
+    min_reported_under: Mapped[int | None] = mapped_column(BigInteger)  # under probes only
+    # Space-separated, each written so that float() gives back the stored double exactly.
+    durations: Mapped[str] = mapped_column(Text)
+
+
+# Migration 0004: a summary counts the few unfinished probes of its window from ``probes``
+# (rollups hold finished ones only). A partial index holds just those rows, stays tiny, and
+# no other query can use it (none says ``state <> 'done'``), so no plan changes elsewhere.
+_UNFINISHED = Probe.state != "done"
+Index(
+    "ix_probes_unfinished",
+    Probe.endpoint,
+    Probe.started_at,
+    sqlite_where=_UNFINISHED,
+    postgresql_where=_UNFINISHED,
+)

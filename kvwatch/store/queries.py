@@ -18,16 +18,21 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Integer,
+    String,
     case,
     cast,
+    column,
     func,
     literal,
     select,
+    true,
     tuple_,
+    values,
 )
 from sqlalchemy.exc import SQLAlchemyError
 
 from kvwatch.canary.model import ProbeKind, ProbeState
+from kvwatch.store import rollups
 from kvwatch.store.errors import StoreError
 from kvwatch.store.models import Endpoint, Probe
 from kvwatch.store.records import AlertStateRecord, ProbeRow
@@ -118,6 +123,16 @@ class Bucket:
     reported_prompt_tokens: int | None = None  # smallest reported under prompt in the slice
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timeline:
+    """An endpoint's chart: ``count`` slices of ``width_seconds`` from ``start``."""
+
+    start: datetime  # start of slice 0 (on the hour before ``since`` for slices of hours)
+    width_seconds: int
+    count: int  # slices in the chart, empty or not
+    buckets: list[Bucket]  # the slices that hold probes, by index
+
+
 class HistoryQueries:
     """Read-only queries over a :class:`Store`'s database; each opens its own connection."""
 
@@ -141,44 +156,22 @@ class HistoryQueries:
             endpoints = [
                 _endpoint(row) for row in c.execute(select(Endpoint).order_by(Endpoint.name))
             ]
-            # Short index walks per endpoint instead of one GROUP BY over all history: the
-            # number of endpoints is small, the history is not. The latest probe of each kind
-            # is nearly always among the newest few; only a kind missing there is looked up.
-            result = []
-            for ep in endpoints:
-                strip = [
-                    _brief_row(r)
-                    for r in c.execute(
-                        _brief()
-                        .where(Probe.endpoint == ep.name)
-                        .order_by(Probe.started_at.desc(), Probe.id.desc())
-                        .limit(max(recent, 4 * len(ProbeKind)))
-                    )
-                ]
-                latest: dict[str, ProbeBrief] = {}
-                for p in strip:
-                    if p.state == ProbeState.DONE.value:
-                        latest.setdefault(p.kind, p)
-                for kind in ProbeKind:
-                    if kind.value in latest:
-                        continue
-                    row = c.execute(
-                        _brief()
-                        .where(
-                            Probe.endpoint == ep.name,
-                            Probe.kind == kind.value,
-                            Probe.state == ProbeState.DONE.value,
-                        )
-                        .order_by(Probe.started_at.desc(), Probe.id.desc())
-                        .limit(1)
-                    ).first()
-                    if row is not None:
-                        latest[kind.value] = _brief_row(row)
-                ordered: dict[str, ProbeBrief] = {
-                    k.value: latest[k.value] for k in ProbeKind if k.value in latest
-                }
-                result.append(EndpointOverview(endpoint=ep, latest=ordered, recent=strip[:recent]))
-            return result
+            if c.dialect.name == "postgresql":
+                strips, latest = _overview_lateral(c, recent)
+            else:
+                strips, latest = _overview_walks(c, [ep.name for ep in endpoints], recent)
+        return [
+            EndpointOverview(
+                endpoint=ep,
+                latest={
+                    k.value: latest[ep.name][k.value]
+                    for k in ProbeKind
+                    if k.value in latest.get(ep.name, {})
+                },
+                recent=strips.get(ep.name, []),
+            )
+            for ep in endpoints
+        ]
 
     # -- probes ---------------------------------------------------------------------------
 
@@ -226,60 +219,67 @@ class HistoryQueries:
     # -- aggregates -----------------------------------------------------------------------
 
     def summary(self, endpoint: str, since: datetime, until: datetime) -> Summary:
-        """Counts per verdict, pass rate, duration percentiles and tokens in a window."""
-        window = (
-            Probe.endpoint == endpoint,
-            Probe.started_at >= since,
-            Probe.started_at < until,
-        )
+        """Counts per verdict, pass rate, duration percentiles and tokens in a window.
+
+        Finished probes are counted from the hourly rollups for whole hours and from the
+        probes themselves at the window's ragged ends; unfinished ones from the probes (they
+        are few). Percentiles come from the durations each rollup row keeps.
+        """
         with self._connect(f"could not summarise {endpoint!r}") as c:
-            groups = c.execute(
+            tallies: dict[str, _Tally] = {}
+            texts: list[str] = []
+            for _, verdict, tally in _finished(c, endpoint, since, until, durations=True):
+                tallies.setdefault(verdict, _Tally()).merge(tally)
+                texts.append(tally.durations)
+            unfinished = c.execute(
                 select(
                     Probe.state,
-                    Probe.verdict,
                     func.count(),
                     func.coalesce(func.sum(Probe.reported_prompt_tokens), 0),
                     func.coalesce(func.sum(Probe.completion_tokens), 0),
                 )
-                .where(*window)
-                .group_by(Probe.state, Probe.verdict)
-            ).all()
-            timed = c.execute(
-                select(func.count(Probe.duration_seconds)).where(
-                    *window, Probe.state == ProbeState.DONE.value
+                .where(
+                    Probe.endpoint == endpoint,
+                    # The exact term of the partial index ix_probes_unfinished.
+                    Probe.state != ProbeState.DONE.value,
+                    Probe.started_at >= since,
+                    Probe.started_at < until,
                 )
-            ).scalar_one()
-            durations = _percentiles(c, window, int(timed), (0.50, 0.95))
-        states: dict[str, int] = {}
-        verdicts: dict[str, int] = {}
-        prompt = completion = 0
-        for state, verdict, count, p_tokens, c_tokens in groups:
-            states[state] = states.get(state, 0) + int(count)
-            if state == ProbeState.DONE.value and verdict is not None:
-                verdicts[verdict] = verdicts.get(verdict, 0) + int(count)
-            prompt += int(p_tokens)
-            completion += int(c_tokens)
-        finished = states.get(ProbeState.DONE.value, 0)
+                .group_by(Probe.state)
+            ).all()
+        durations = _percentiles(" ".join(texts), (0.50, 0.95))
+        states = {str(state): int(count) for state, count, _, _ in unfinished}
+        verdicts = {v: t.probes for v, t in sorted(tallies.items()) if t.probes}
+        finished = sum(verdicts.values())
         return Summary(
             endpoint=endpoint,
             since=since,
             until=until,
-            total=sum(states.values()),
+            total=finished + sum(states.values()),
             finished=finished,
             running=states.get(ProbeState.RUNNING.value, 0),
             interrupted=states.get(ProbeState.INTERRUPTED.value, 0),
-            verdicts=dict(sorted(verdicts.items())),
+            verdicts=verdicts,
             pass_rate=verdicts.get("pass", 0) / finished if finished else None,
             p50_duration_seconds=durations[0],
             p95_duration_seconds=durations[1],
-            prompt_tokens=prompt,
-            completion_tokens=completion,
+            prompt_tokens=sum(t.prompt_tokens for t in tallies.values())
+            + sum(int(p) for _, _, p, _ in unfinished),
+            completion_tokens=sum(t.completion_tokens for t in tallies.values())
+            + sum(int(n) for _, _, _, n in unfinished),
         )
 
     def timeline(
         self, endpoint: str, since: datetime, until: datetime, buckets: int = 120
-    ) -> list[Bucket]:
-        """``buckets`` equal slices of ``[since, until)``, aggregated by the database."""
+    ) -> Timeline:
+        """About ``buckets`` equal slices of ``[since, until)`` of finished probes.
+
+        Slices shorter than an hour split the window exactly into ``buckets`` and are
+        aggregated by the database. Longer ones are whole hours on the UTC hour grid (so
+        7 days in 120 slices become 85 slices of 2 hours), which lets the hourly rollups
+        answer: the first slice starts on the hour before ``since`` but counts only
+        probes from ``since`` on.
+        """
         if buckets < 1:
             raise ValueError(f"buckets must be at least 1, got {buckets}")
         span = (until - since).total_seconds()
@@ -287,6 +287,46 @@ class HistoryQueries:
             raise ValueError("since must be before until")
         # Whole seconds per bucket keep the SQL integer arithmetic identical on both databases.
         width = max(1, -(-int(span) // buckets))
+        if width < rollups.HOUR:
+            return Timeline(
+                start=since,
+                width_seconds=width,
+                count=buckets,
+                buckets=self._fine_timeline(endpoint, since, until, width),
+            )
+        width = -(-width // rollups.HOUR) * rollups.HOUR
+        origin = rollups.hour_start(rollups.hour_of(since))
+        count = -(-(until - origin) // timedelta(seconds=width))
+        slices: dict[int, tuple[dict[str, int], _Tally]] = {}
+        with self._connect(f"could not read the timeline of {endpoint!r}") as c:
+            finished = _finished(
+                c, endpoint, since, until, durations=False, origin=origin, width=width
+            )
+            for at, verdict, tally in finished:
+                index = int((at - origin).total_seconds()) // width
+                counts, merged = slices.setdefault(index, ({}, _Tally()))
+                counts[verdict] = counts.get(verdict, 0) + tally.probes
+                merged.merge(tally)
+        return Timeline(
+            start=origin,
+            width_seconds=width,
+            count=count,
+            buckets=[
+                Bucket(
+                    index=i,
+                    start=origin + timedelta(seconds=i * width),
+                    verdicts=dict(sorted(counts.items())),
+                    max_duration_seconds=t.max_duration_seconds,
+                    planned_prompt_tokens=t.max_planned_under,
+                    reported_prompt_tokens=t.min_reported_under,
+                )
+                for i, (counts, t) in sorted(slices.items())
+            ],
+        )
+
+    def _fine_timeline(
+        self, endpoint: str, since: datetime, until: datetime, width: int
+    ) -> list[Bucket]:
         with self._connect(f"could not read the timeline of {endpoint!r}") as c:
             index = _bucket_index(c, since, width).label("bucket")
             under = Probe.kind == ProbeKind.UNDER.value
@@ -372,37 +412,209 @@ def _conditions(f: ProbeFilter) -> list[ColumnElement[bool]]:
     return conditions
 
 
-def _percentiles(
-    c: Connection, window: Sequence[ColumnElement[bool]], n: int, qs: Sequence[float]
-) -> list[float | None]:
-    """Linear-interpolated percentiles of finished probes' durations, like percentile_cont.
-
-    The database sorts and hands back only the (at most two) rows around each percentile:
-    the same arithmetic on both databases, and a 30-day window's durations never cross the
-    wire.
-    """
+def _percentiles(texts: str, qs: Sequence[float]) -> list[float | None]:
+    """Linear-interpolated percentiles (as percentile_cont) of space-separated durations."""
+    durations = sorted(map(float, texts.split()))
+    n = len(durations)
     if n == 0:
         return [None for _ in qs]
-    positions = {q: (n - 1) * q for q in qs}
-    wanted = sorted({p for pos in positions.values() for p in (int(pos), min(int(pos) + 1, n - 1))})
-    ranked = (
-        select(
-            Probe.duration_seconds.label("d"),
-            (func.row_number().over(order_by=Probe.duration_seconds) - 1).label("rn"),
-        )
-        .where(*window, Probe.state == ProbeState.DONE.value, Probe.duration_seconds.is_not(None))
-        .subquery()
-    )
-    values = dict(
-        (int(rn), float(d))
-        for d, rn in c.execute(select(ranked.c.d, ranked.c.rn).where(ranked.c.rn.in_(wanted)))
-    )
     result: list[float | None] = []
     for q in qs:
-        pos = positions[q]
+        pos = (n - 1) * q
         low, high = int(pos), min(int(pos) + 1, n - 1)
-        result.append(values[low] + (values[high] - values[low]) * (pos - low))
+        result.append(durations[low] + (durations[high] - durations[low]) * (pos - low))
     return result
+
+
+@dataclass(slots=True)
+class _Tally:
+    """Finished probes of one verdict in some stretch of time, as a rollup row holds them."""
+
+    probes: int = 0
+    timed: int = 0
+    max_duration_seconds: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    max_planned_under: int | None = None
+    min_reported_under: int | None = None
+    durations: str = ""  # as probe_rollups.durations, when asked for (merge() skips it)
+
+    def merge(self, other: _Tally) -> None:
+        self.probes += other.probes
+        self.timed += other.timed
+        self.max_duration_seconds = _max(self.max_duration_seconds, other.max_duration_seconds)
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.max_planned_under = _max(self.max_planned_under, other.max_planned_under)
+        self.min_reported_under = _min(self.min_reported_under, other.min_reported_under)
+
+
+def _finished(
+    c: Connection,
+    endpoint: str,
+    since: datetime,
+    until: datetime,
+    *,
+    durations: bool,
+    origin: datetime | None = None,
+    width: int | None = None,
+) -> Iterator[tuple[datetime, str, _Tally]]:
+    """Finished probes of ``[since, until)`` as (time, verdict, tally).
+
+    The whole hours inside the window come from the rollups, merged by the database into
+    one tally per verdict and per slice of ``width`` seconds from ``origin`` (whole hours;
+    by default one slice), timed at the slice's first hour in the window; the ragged ends
+    come one tally per probe.
+    """
+    first = rollups.hour_of(since)
+    first_full = first if rollups.hour_start(first) == since else first + rollups.HOUR
+    end_full = rollups.hour_of(until)
+    if first_full < end_full:
+        ends = [
+            (since, rollups.hour_start(first_full)),
+            (rollups.hour_start(end_full), until),
+        ]
+        start = first_full if origin is None else int(origin.timestamp())
+        step = width or end_full - first_full
+        for r in rollups.read(
+            c, endpoint, first_full, end_full, origin=start, width=step, durations=durations
+        ):
+            yield (
+                rollups.hour_start(max(first_full, start + int(r.slice) * step)),
+                r.verdict,
+                _Tally(
+                    probes=int(r.probes),
+                    timed=int(r.timed),
+                    max_duration_seconds=r.max_duration_seconds,
+                    prompt_tokens=int(r.prompt_tokens),
+                    completion_tokens=int(r.completion_tokens),
+                    max_planned_under=_int(r.max_planned_under),
+                    min_reported_under=_int(r.min_reported_under),
+                    durations=(r.durations or "") if durations else "",
+                ),
+            )
+    else:
+        ends = [(since, until)]
+    for low, high in ends:
+        if low >= high:
+            continue
+        rows = c.execute(
+            select(
+                Probe.started_at,
+                Probe.verdict,
+                Probe.kind,
+                Probe.duration_seconds,
+                Probe.planned_prompt_tokens,
+                Probe.reported_prompt_tokens,
+                Probe.completion_tokens,
+            ).where(
+                Probe.endpoint == endpoint,
+                Probe.started_at >= low,
+                Probe.started_at < high,
+                Probe.state == ProbeState.DONE.value,
+                Probe.verdict.is_not(None),
+            )
+        )
+        for at, verdict, kind, duration, planned, reported, completion in rows:
+            under = kind == ProbeKind.UNDER.value
+            yield (
+                at,
+                verdict,
+                _Tally(
+                    probes=1,
+                    timed=0 if duration is None else 1,
+                    max_duration_seconds=duration,
+                    prompt_tokens=reported or 0,
+                    completion_tokens=completion or 0,
+                    max_planned_under=planned if under else None,
+                    min_reported_under=reported if under else None,
+                    durations=rollups.duration_text(duration),
+                ),
+            )
+
+
+def _overview_walks(
+    c: Connection, names: Sequence[str], recent: int
+) -> tuple[dict[str, list[ProbeBrief]], dict[str, dict[str, ProbeBrief]]]:
+    # SQLite has no LATERAL; its queries cost no round trip, so one short index walk per
+    # endpoint is as fast. The latest probe of each kind is nearly always among the newest
+    # few; only a kind missing there is looked up.
+    strips: dict[str, list[ProbeBrief]] = {}
+    latest: dict[str, dict[str, ProbeBrief]] = {}
+    for name in names:
+        strip = [
+            _brief_row(r)
+            for r in c.execute(
+                _brief()
+                .where(Probe.endpoint == name)
+                .order_by(Probe.started_at.desc(), Probe.id.desc())
+                .limit(max(recent, 4 * len(ProbeKind)))
+            )
+        ]
+        found: dict[str, ProbeBrief] = {}
+        for p in strip:
+            if p.state == ProbeState.DONE.value:
+                found.setdefault(p.kind, p)
+        for kind in ProbeKind:
+            if kind.value in found:
+                continue
+            row = c.execute(
+                _brief()
+                .where(
+                    Probe.endpoint == name,
+                    Probe.kind == kind.value,
+                    Probe.state == ProbeState.DONE.value,
+                )
+                .order_by(Probe.started_at.desc(), Probe.id.desc())
+                .limit(1)
+            ).first()
+            if row is not None:
+                found[kind.value] = _brief_row(row)
+        strips[name] = strip[:recent]
+        latest[name] = found
+    return strips, latest
+
+
+def _overview_lateral(
+    c: Connection, recent: int
+) -> tuple[dict[str, list[ProbeBrief]], dict[str, dict[str, ProbeBrief]]]:
+    # On PostgreSQL each statement is a round trip: two LATERAL joins do every endpoint's
+    # short index walks in two statements instead of two per endpoint.
+    strips: dict[str, list[ProbeBrief]] = {}
+    latest: dict[str, dict[str, ProbeBrief]] = {}
+    newest = Probe.started_at.desc(), Probe.id.desc()
+    if recent > 0:
+        strip = (
+            _brief().where(Probe.endpoint == Endpoint.name).order_by(*newest).limit(recent)
+        ).lateral("strip")
+        rows = c.execute(
+            select(Endpoint.name.label("endpoint"), strip)
+            .select_from(Endpoint)
+            .join(strip, true())
+            .order_by(Endpoint.name, strip.c.started_at.desc(), strip.c.id.desc())
+        )
+        for r in rows:
+            strips.setdefault(r.endpoint, []).append(_brief_row(r))
+    kinds = values(column("kind", String(32)), name="kinds").data([(k.value,) for k in ProbeKind])
+    last = (
+        _brief()
+        .where(
+            Probe.endpoint == Endpoint.name,
+            Probe.kind == kinds.c.kind,
+            Probe.state == ProbeState.DONE.value,
+        )
+        .order_by(*newest)
+        .limit(1)
+    ).lateral("last")
+    rows = c.execute(
+        select(Endpoint.name.label("endpoint"), last)
+        .select_from(Endpoint)
+        .join(kinds, true())
+        .join(last, true())
+    )
+    for r in rows:
+        latest.setdefault(r.endpoint, {})[r.kind] = _brief_row(r)
+    return strips, latest
 
 
 def _bucket_index(c: Connection, since: datetime, width: int) -> ColumnElement[Any]:
@@ -413,6 +625,10 @@ def _bucket_index(c: Connection, since: datetime, width: int) -> ColumnElement[A
     seconds = cast(func.strftime("%s", Probe.started_at), Integer)
     # Floor division: "/" would be true division in SQLAlchemy 2 and give one group per row.
     return (seconds - int(since.timestamp())) // width
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _when(condition: ColumnElement[bool], value: Any) -> ColumnElement[Any]:
@@ -467,4 +683,5 @@ __all__ = [
     "ProbeFilter",
     "ProbePage",
     "Summary",
+    "Timeline",
 ]

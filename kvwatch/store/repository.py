@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from kvwatch.canary.markers import canonical
 from kvwatch.canary.model import ForeignMarker, ProbeState
+from kvwatch.store import rollups
 from kvwatch.store.errors import StoreError, StoreUnavailable
 from kvwatch.store.migrate import current_revision, head_revision
 from kvwatch.store.models import AlertState, Endpoint, Marker, Probe, ProbeSlot
@@ -169,6 +170,7 @@ class Store:
                 if state is None:
                     raise StoreError(f"cannot finish probe {probe_id}: no such probe")
                 raise StoreError(f"cannot finish probe {probe_id}: it is {state}, not running")
+            rollups.bump(s, probe_id)
             self._upsert_alert_states(s, alert_states)
 
     def record_probe(
@@ -211,6 +213,7 @@ class Store:
                         issued_at=p.started_at,
                     )
                 )
+            rollups.bump(s, row.id)
             self._upsert_alert_states(s, alert_states)
             return row.id
 
@@ -451,13 +454,24 @@ class Store:
         batch_delete = (
             delete(Probe)
             .where(Probe.id.in_(oldest_first.scalar_subquery()))
+            .returning(Probe.endpoint, Probe.started_at, Probe.state)
             .execution_options(synchronize_session=False)
         )
         total = 0
         with self._errors("could not prune probes"):
             while True:
                 with self._sessions.begin() as s:
-                    deleted = int(s.execute(batch_delete).rowcount)  # type: ignore[attr-defined]
+                    gone = s.execute(batch_delete).all()
+                    # The hourly rollups of finished probes must not count deleted ones.
+                    rollups.recompute(
+                        s,
+                        {
+                            (endpoint, rollups.hour_of(started_at))
+                            for endpoint, started_at, state in gone
+                            if state == ProbeState.DONE.value
+                        },
+                    )
+                deleted = len(gone)
                 total += deleted
                 if deleted < batch:
                     return total

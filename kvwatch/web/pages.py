@@ -26,7 +26,7 @@ from kvwatch.web.tones import severity, tone, worst
 TEMPLATES = Path(__file__).parent / "templates"
 STRIP = 40  # probes in an overview status strip
 PAGE = 50  # probes per list page
-BUCKETS = 120  # slices of the endpoint timeline
+BUCKETS = 120  # slices of the endpoint timeline (fewer when they are whole hours)
 MAX_ID = 2**63 - 1
 
 
@@ -80,7 +80,7 @@ def build_pages(ctx: WebContext) -> APIRouter:
             return problem(request, 404, f"no endpoint named {name!r}")
         until = ctx.now()
         since = until - RANGES[range]
-        buckets = queries.timeline(name, since, until, BUCKETS)
+        chart = queries.timeline(name, since, until, BUCKETS)
         page = queries.probes(ProbeFilter(endpoint=name), limit=PAGE)
         return render(
             request,
@@ -89,9 +89,9 @@ def build_pages(ctx: WebContext) -> APIRouter:
             ep=ep,
             range=range,
             summary=queries.summary(name, since, until),
-            timeline=svg.timeline(buckets, BUCKETS, since, until),
-            tokens=svg.tokens(buckets, BUCKETS, since, until),
-            has_points=bool(buckets),
+            timeline=svg.timeline(chart.buckets, chart.count, chart.start, until),
+            tokens=svg.tokens(chart.buckets, chart.count, chart.start, until),
+            has_points=bool(chart.buckets),
             page=page,
         )
 

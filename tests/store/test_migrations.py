@@ -21,7 +21,7 @@ from kvwatch.store.migrate import (
 )
 from kvwatch.store.models import Base
 
-TABLES = {"endpoints", "probes", "markers", "alert_states", "probe_slots"}
+TABLES = {"endpoints", "probes", "markers", "alert_states", "probe_slots", "probe_rollups"}
 
 
 def _schema_diff(engine: Engine) -> list[object]:
