@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("planner", "detection", "history", "soak")
+BENCHMARKS = ("planner", "detection", "history", "soak", "scale")
 
 
 def main(argv: list[str]) -> int:

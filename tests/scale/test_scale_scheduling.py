@@ -1,0 +1,89 @@
+"""Scale behaviour: the --fleet simulator, lag in the probe line, bounded concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+from structlog.testing import capture_logs
+
+from kvwatch.canary.model import ProbeKind
+from kvwatch.scheduler import ProbeScheduler
+from kvwatch.simulator.command import parse_window_range
+from kvwatch.simulator.fleet import scale_fleet
+from kvwatch.simulator.server import run_simulator
+from kvwatch.simulator.spec import SimEndpoint
+from kvwatch.store.repository import Store
+from tests.helpers.targets import config_for, sim_endpoint_entry, targets_and_runner
+
+
+def test_a_scale_fleet_spreads_its_windows_evenly_over_the_range() -> None:
+    """fleet-0000... get windows from the low to the high end, all healthy and unique."""
+    fleet = scale_fleet(5, 2048, 8192)
+    assert [e.name for e in fleet] == [f"fleet-000{i}" for i in range(5)]
+    assert [e.window for e in fleet] == [2048, 3584, 5120, 6656, 8192]
+    assert {e.fault.value for e in fleet} == {"healthy"}
+
+
+def test_a_fleet_window_range_must_be_ordered_and_positive() -> None:
+    """2048-8192 parses, a single number is a fixed window, reversed ranges are refused."""
+    assert parse_window_range("2048-8192") == (2048, 8192)
+    assert parse_window_range("4096") == (4096, 4096)
+    with pytest.raises(ValueError, match="MIN <= MAX"):
+        parse_window_range("8192-2048")
+    with pytest.raises(ValueError, match="MIN-MAX"):
+        parse_window_range("big")
+
+
+async def _run_scheduled(
+    tmp_db: str, store: Store, sim_endpoints: list[SimEndpoint], **scheduler_options: float
+) -> list[dict[str, object]]:
+    async with run_simulator(sim_endpoints) as sim, httpx.AsyncClient() as client:
+        entries = [
+            sim_endpoint_entry(sim, e.name, probes=["baseline"], baseline_tokens=256)
+            for e in sim_endpoints
+        ]
+        config = config_for(entries, database=tmp_db)
+        targets, runner, _ = targets_and_runner(config, store, client)
+        scheduler = ProbeScheduler(runner, first_run_within=0.5, **scheduler_options)  # type: ignore[arg-type]
+        with capture_logs() as logs:
+            scheduler.start(targets.values())
+            for _ in range(100):
+                await asyncio.sleep(0.1)
+                if sum(1 for e in logs if e["event"] == "probe") >= len(sim_endpoints):
+                    break
+            await scheduler.shutdown(5)
+    return [e for e in logs if e["event"] == "probe"]
+
+
+async def test_a_scheduled_probe_logs_its_slot_and_how_late_it_started(
+    db_url: str, store: Store
+) -> None:
+    """The probe line carries the slot and lag_seconds: start minus when the run was due."""
+    probes = await _run_scheduled(db_url, store, [SimEndpoint("ep", window=4096)])
+    assert len(probes) == 1
+    line = probes[0]
+    assert isinstance(line["lag_seconds"], float)
+    assert 0 <= line["lag_seconds"] < 5
+    now = datetime.now(UTC).timestamp()
+    assert isinstance(line["slot"], int) and now - 120 < line["slot"] <= now
+
+
+async def test_no_more_probes_run_at_once_than_the_scheduler_allows(
+    db_url: str, store: Store
+) -> None:
+    """With max_concurrent=1, slow probes of four endpoints never overlap in time."""
+    slow = [SimEndpoint(f"ep{i}", window=4096, ttfb_delay=0.3) for i in range(4)]
+    probes = await _run_scheduled(db_url, store, slow, max_concurrent=1)
+    assert len(probes) == 4
+    rows = store.list_probes(kind=ProbeKind.BASELINE.value, limit=10)
+    rows.sort(key=lambda r: r.started_at)
+    assert len(rows) == 4
+    for earlier, later in itertools.pairwise(rows):
+        assert earlier.finished_at is not None
+        assert earlier.finished_at <= later.started_at
+    # The ones that waited for the gate say so in their lag.
+    assert max(float(p["lag_seconds"]) for p in probes) >= 0.3  # type: ignore[arg-type]
