@@ -357,6 +357,7 @@ def _run(label: str, url: str, rows: int, fill: Callable[..., None]) -> None:
             t0 = time.perf_counter()
             with engine.begin() as c:
                 rollups = rebuild(c)
+                c.execute(text("ANALYZE probe_rollups"))
             print(f"# {label}: {rollups:,} rollup rows rebuilt in {time.perf_counter() - t0:.1f} s")
         with engine.connect() as c:
             count = int(c.execute(text("SELECT count(*) FROM probes")).scalar_one())

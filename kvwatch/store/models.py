@@ -237,3 +237,8 @@ Index(
     sqlite_where=_UNFINISHED,
     postgresql_where=_UNFINISHED,
 )
+
+# Migration 0004: the latest finished probe of an endpoint and kind (the overview's badges)
+# is the first entry under one key. Without it, a prepared statement's generic plan walks
+# ix_probes_history backwards through the whole endpoint for a kind it never ran.
+Index("ix_probes_latest", Probe.endpoint, Probe.kind, Probe.state, Probe.started_at, Probe.id)
