@@ -30,6 +30,7 @@ from sqlalchemy import (
     values,
 )
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import aliased
 
 from kvwatch.canary.model import ProbeKind, ProbeState
 from kvwatch.store import rollups
@@ -596,21 +597,27 @@ def _overview_lateral(
         for r in rows:
             strips.setdefault(r.endpoint, []).append(_brief_row(r))
     kinds = values(column("kind", String(32)), name="kinds").data([(k.value,) for k in ProbeKind])
+    # Only the id in the LATERAL: then ix_probes_latest answers each (endpoint, kind) with one
+    # index probe. Asking for more columns makes the covering ix_probes_history look cheaper,
+    # and for a kind an endpoint never ran, it is walked backwards to the very beginning.
+    p = aliased(Probe, name="p")
     last = (
-        _brief()
+        select(p.id)
         .where(
-            Probe.endpoint == Endpoint.name,
-            Probe.kind == kinds.c.kind,
-            Probe.state == ProbeState.DONE.value,
+            p.endpoint == Endpoint.name,
+            p.kind == kinds.c.kind,
+            p.state == ProbeState.DONE.value,
         )
-        .order_by(*newest)
+        .order_by(p.started_at.desc(), p.id.desc())
         .limit(1)
     ).lateral("last")
     rows = c.execute(
-        select(Endpoint.name.label("endpoint"), last)
+        _brief()
+        .add_columns(Endpoint.name.label("endpoint"))
         .select_from(Endpoint)
         .join(kinds, true())
         .join(last, true())
+        .join(Probe, Probe.id == last.c.id)
     )
     for r in rows:
         latest.setdefault(r.endpoint, {})[r.kind] = _brief_row(r)
