@@ -45,6 +45,11 @@ def plan_costs(specs: list[EndpointSpec]) -> list[ProbeCost]:
     for spec in specs:
         per_day = DAY / spec.interval_seconds
         for kind in spec.probes:
+            if kind is ProbeKind.CAPACITY:
+                # Asks the engine about itself: no prompt, no answer. (Its edge probe runs
+                # only when it finds a KV pool smaller than the window: an incident.)
+                costs.append(ProbeCost(spec.name, kind, spec.interval_seconds, 0, per_day, 0, 0))
+                continue
             tokens = None
             if spec.context_window is not None:
                 tokens = target_prompt_tokens(

@@ -44,6 +44,8 @@ def target_prompt_tokens(
         if size <= 0:
             raise SizingError(f"max_tokens {max_tokens} leaves no room for a prompt in {window}")
         return size
+    if kind is not ProbeKind.OVER:
+        raise SizingError(f"{kind} probes are not sized by the window (see edge_prompt_tokens)")
     if rule is AcceptanceRule.PROMPT_PLUS_MAX_TOKENS:
         return window - max_tokens + 1 + margin
     return window + margin

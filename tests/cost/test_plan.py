@@ -33,6 +33,7 @@ def test_a_1m_under_probe_every_five_minutes_costs_about_302m_prefill_tokens_a_d
     assert costs[ProbeKind.UNDER].prefill_tokens_per_day == 1_048_560 * 288
     assert costs[ProbeKind.OVER].prefill_tokens_per_day == 0
     assert costs[ProbeKind.BASELINE].prefill_tokens_per_day == 1536 * 288
+    assert costs[ProbeKind.CAPACITY].prefill_tokens_per_day == 0
 
 
 def test_plan_prints_tokens_per_day_and_a_total(tmp_path):
@@ -52,7 +53,8 @@ def test_plan_prints_tokens_per_day_and_a_total(tmp_path):
         timeout=60,
     )
     rows = [json.loads(line) for line in js.stdout.splitlines()]
-    assert [r["kind"] for r in rows] == ["under", "over", "baseline"]
+    assert [r["kind"] for r in rows] == ["under", "over", "baseline", "capacity"]
+    assert rows[-1]["prefill_tokens_per_day"] == 0
 
 
 def test_an_unknown_window_is_reported_as_unknown_not_zero():
@@ -60,7 +62,12 @@ def test_an_unknown_window_is_reported_as_unknown_not_zero():
     probe, refused at admission, costs no prefill whatever the window)."""
     config = parse_config(ONE_M.replace("    context_window: 1048576\n", ""))
     costs = {c.kind: c.prefill_tokens_per_day for c in plan_costs(config.resolved_endpoints())}
-    assert costs == {ProbeKind.UNDER: None, ProbeKind.OVER: 0, ProbeKind.BASELINE: None}
+    assert costs == {
+        ProbeKind.UNDER: None,
+        ProbeKind.OVER: 0,
+        ProbeKind.BASELINE: None,
+        ProbeKind.CAPACITY: 0,
+    }
 
 
 async def test_the_over_probe_adds_no_prefilled_tokens(store):
