@@ -6,6 +6,7 @@ returns frozen records, so nothing database-shaped escapes.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -46,6 +47,11 @@ class Store:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._now = now
         self._head: str | None = None  # read from the scripts once; /readyz asks often
+        # SQLite has one writer at a time, and a writer that finds the lock taken sleeps in
+        # SQLite's busy handler (up to 100 ms a try) rather than waking when it is free. With
+        # hundreds of probe writes a second that sleeping was most of every write's time, so
+        # this process's writers queue on a lock of its own instead.
+        self._write_lock = threading.Lock() if engine.dialect.name == "sqlite" else None
 
     @property
     def engine(self) -> Engine:
@@ -99,7 +105,7 @@ class Store:
             "updated_at": now,
         }
         refreshed = [k for k in values if k not in ("name", "created_at")]
-        with self._errors(f"could not save endpoint {name!r}"), self._sessions.begin() as session:
+        with self._errors(f"could not save endpoint {name!r}"), self._write() as session:
             # ON CONFLICT rather than select-then-insert: replicas starting together race.
             stmt = self._insert(session, Endpoint).values(values)
             stmt = stmt.on_conflict_do_update(
@@ -111,39 +117,8 @@ class Store:
 
     def begin_probe(self, p: NewProbe) -> int:
         """Record a probe as running, with its issued marker, before its request goes out."""
-        with self._errors("could not record the start of a probe"), self._sessions.begin() as s:
-            row = Probe(
-                endpoint=p.endpoint,
-                endpoint_id=p.endpoint_id,
-                kind=str(p.kind),
-                state=ProbeState.RUNNING.value,
-                started_at=p.started_at,
-                replica=p.replica,
-                model=p.model,
-                planned_prompt_tokens=p.planned_prompt_tokens,
-                target_prompt_tokens=p.target_prompt_tokens,
-                max_tokens=p.max_tokens,
-                token_source=p.token_source,
-                tokenize_calls=p.tokenize_calls,
-                marker=p.marker,
-                marker_depth=p.marker_depth,
-                foreign_markers=[],
-                streamed=p.streamed,
-                confirms_probe_id=p.confirms_probe_id,
-                slot=p.slot,
-            )
-            s.add(row)
-            s.flush()
-            if p.marker:  # a capacity check sends no prompt and issues no marker
-                s.add(
-                    Marker(
-                        marker=canonical(p.marker),
-                        probe_id=row.id,
-                        endpoint=p.endpoint,
-                        issued_at=p.started_at,
-                    )
-                )
-            return row.id
+        with self._errors("could not record the start of a probe"), self._write() as s:
+            return _add_probe(s, p, state=ProbeState.RUNNING, foreign_markers=[])
 
     def finish_probe(
         self,
@@ -157,7 +132,7 @@ class Store:
         presumed dead) or already finished raises :class:`StoreError` and nothing is written.
         """
         values: dict[str, Any] = {"state": ProbeState.DONE.value, **_outcome_values(r)}
-        with self._errors(f"could not finish probe {probe_id}"), self._sessions.begin() as s:
+        with self._errors(f"could not finish probe {probe_id}"), self._write() as s:
             # The state guard sits in the UPDATE itself so two writers cannot both win.
             result = s.execute(
                 update(Probe)
@@ -181,41 +156,11 @@ class Store:
     ) -> int:
         """Write a whole probe at once, when its start could not be recorded (the database
         was unreachable): the done row, its marker and the alert states in one transaction."""
-        with self._errors("could not record a probe"), self._sessions.begin() as s:
-            row = Probe(
-                endpoint=p.endpoint,
-                endpoint_id=p.endpoint_id,
-                kind=str(p.kind),
-                state=ProbeState.DONE.value,
-                started_at=p.started_at,
-                replica=p.replica,
-                model=p.model,
-                planned_prompt_tokens=p.planned_prompt_tokens,
-                target_prompt_tokens=p.target_prompt_tokens,
-                max_tokens=p.max_tokens,
-                token_source=p.token_source,
-                tokenize_calls=p.tokenize_calls,
-                marker=p.marker,
-                marker_depth=p.marker_depth,
-                streamed=p.streamed,
-                confirms_probe_id=p.confirms_probe_id,
-                slot=p.slot,
-                **_outcome_values(r),
-            )
-            s.add(row)
-            s.flush()
-            if p.marker:
-                s.add(
-                    Marker(
-                        marker=canonical(p.marker),
-                        probe_id=row.id,
-                        endpoint=p.endpoint,
-                        issued_at=p.started_at,
-                    )
-                )
-            rollups.bump(s, row.id)
+        with self._errors("could not record a probe"), self._write() as s:
+            probe_id = _add_probe(s, p, state=ProbeState.DONE, **_outcome_values(r))
+            rollups.bump(s, probe_id)
             self._upsert_alert_states(s, alert_states)
-            return row.id
+            return probe_id
 
     def interrupt_running(
         self,
@@ -232,7 +177,7 @@ class Store:
             conditions.append(Probe.replica == replica)
         if probe_ids is not None:
             conditions.append(Probe.id.in_(list(probe_ids)))
-        with self._errors("could not interrupt running probes"), self._sessions.begin() as s:
+        with self._errors("could not interrupt running probes"), self._write() as s:
             result = s.execute(
                 update(Probe)
                 .where(*conditions)
@@ -253,7 +198,7 @@ class Store:
         now = self._now()
         expires = now + timedelta(seconds=ttl)
         key = (ProbeSlot.endpoint == endpoint, ProbeSlot.kind == kind, ProbeSlot.slot == slot)
-        with self._errors("could not claim a probe slot"), self._sessions.begin() as s:
+        with self._errors("could not claim a probe slot"), self._write() as s:
             insert = self._insert(s, ProbeSlot).values(
                 endpoint=endpoint,
                 kind=kind,
@@ -301,7 +246,7 @@ class Store:
         """Expire the undone claims a previous run of ``replica`` left (it was killed), so the
         slots can be run again at once instead of after their expiry."""
         now = self._now()
-        with self._errors("could not expire old claims"), self._sessions.begin() as s:
+        with self._errors("could not expire old claims"), self._write() as s:
             result = s.execute(
                 update(ProbeSlot)
                 .where(
@@ -315,7 +260,7 @@ class Store:
             return int(result.rowcount)  # type: ignore[attr-defined]
 
     def complete_slot(self, endpoint: str, kind: str, slot: int, probe_id: int | None) -> None:
-        with self._errors("could not complete a probe slot"), self._sessions.begin() as s:
+        with self._errors("could not complete a probe slot"), self._write() as s:
             s.execute(
                 update(ProbeSlot)
                 .where(
@@ -421,7 +366,7 @@ class Store:
 
     def save_alert_states(self, records: Sequence[AlertStateRecord]) -> None:
         """Insert or update the given alert states (others are left as they are)."""
-        with self._errors("could not save alert states"), self._sessions.begin() as s:
+        with self._errors("could not save alert states"), self._write() as s:
             self._upsert_alert_states(s, records)
 
     # -- retention ------------------------------------------------------------------------
@@ -460,7 +405,7 @@ class Store:
         total = 0
         with self._errors("could not prune probes"):
             while True:
-                with self._sessions.begin() as s:
+                with self._write() as s:
                     gone = s.execute(batch_delete).all()
                     # The hourly rollups of finished probes must not count deleted ones.
                     rollups.recompute(
@@ -477,6 +422,16 @@ class Store:
                     return total
 
     # -- helpers --------------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        """A write transaction (queued behind this process's other writers on SQLite)."""
+        if self._write_lock is None:
+            with self._sessions.begin() as session:
+                yield session
+            return
+        with self._write_lock, self._sessions.begin() as session:
+            yield session
 
     @contextmanager
     def _errors(self, what: str) -> Iterator[None]:
@@ -555,6 +510,42 @@ def _probe_row(row: Probe) -> ProbeRow:
         confirms_probe_id=row.confirms_probe_id,
         slot=row.slot,
     )
+
+
+def _add_probe(session: Session, p: NewProbe, *, state: ProbeState, **values: Any) -> int:
+    """Insert a probe row (and its issued marker, if it has one); returns its id."""
+    row = Probe(
+        endpoint=p.endpoint,
+        endpoint_id=p.endpoint_id,
+        kind=str(p.kind),
+        state=state.value,
+        started_at=p.started_at,
+        replica=p.replica,
+        model=p.model,
+        planned_prompt_tokens=p.planned_prompt_tokens,
+        target_prompt_tokens=p.target_prompt_tokens,
+        max_tokens=p.max_tokens,
+        token_source=p.token_source,
+        tokenize_calls=p.tokenize_calls,
+        marker=p.marker,
+        marker_depth=p.marker_depth,
+        streamed=p.streamed,
+        confirms_probe_id=p.confirms_probe_id,
+        slot=p.slot,
+        **values,
+    )
+    session.add(row)
+    session.flush()
+    if p.marker:  # a capacity check sends no prompt and issues no marker
+        session.add(
+            Marker(
+                marker=canonical(p.marker),
+                probe_id=row.id,
+                endpoint=p.endpoint,
+                issued_at=p.started_at,
+            )
+        )
+    return row.id
 
 
 def _outcome_values(r: ProbeOutcome) -> dict[str, Any]:
