@@ -236,23 +236,16 @@ class ProbeRunner:
                     ),
                 )
         exchange = Exchange(total_seconds=time.perf_counter() - t0)
-        new = NewProbe(
-            endpoint=spec.name,
-            endpoint_id=target.endpoint_id,
-            kind=kind.value,
-            started_at=started,
-            replica=self.replica,
-            model=spec.model,
-            planned_prompt_tokens=0,
-            target_prompt_tokens=0,
+        new = self._new_probe(
+            target,
+            kind,
+            started,
+            confirms=confirms,
+            slot=slot,
             max_tokens=0,
             token_source="discovery",
-            tokenize_calls=0,
             marker="",
-            marker_depth=0.0,
             streamed=False,
-            confirms_probe_id=confirms,
-            slot=slot,
         )
         probe_id = await self.results.begin(new)
         return await self._finish(
@@ -284,23 +277,17 @@ class ProbeRunner:
             reason = f"cannot plan the canary: {type(exc).__name__}: {_short(str(exc))}"
             failure = Judgement(Verdict.ERROR, reason)
 
-        new = NewProbe(
-            endpoint=spec.name,
-            endpoint_id=target.endpoint_id,
-            kind=kind.value,
-            started_at=started,
-            replica=self.replica,
-            model=spec.model,
-            planned_prompt_tokens=plan.planned_tokens if plan else 0,
-            target_prompt_tokens=plan.target_tokens if plan else 0,
+        new = self._new_probe(
+            target,
+            kind,
+            started,
+            confirms=confirms,
+            slot=slot,
             max_tokens=spec.max_tokens,
             token_source=plan.token_source if plan else target.counter.source,
-            tokenize_calls=plan.tokenize_calls if plan else 0,
             marker=marker,
-            marker_depth=plan.marker_depth if plan else 0.0,
             streamed=spec.stream,
-            confirms_probe_id=confirms,
-            slot=slot,
+            plan=plan,
         )
         probe_id = await self.results.begin(new)
         try:
@@ -337,6 +324,39 @@ class ProbeRunner:
             raise
         return await self._finish(
             target, kind, new, probe_id, plan, exchange, judgement, scheduled=scheduled
+        )
+
+    def _new_probe(
+        self,
+        target: Target,
+        kind: ProbeKind,
+        started: datetime,
+        *,
+        confirms: int | None,
+        slot: int | None,
+        max_tokens: int,
+        token_source: str,
+        marker: str,
+        streamed: bool,
+        plan: PlannedPrompt | None = None,
+    ) -> NewProbe:
+        return NewProbe(
+            endpoint=target.spec.name,
+            endpoint_id=target.endpoint_id,
+            kind=kind.value,
+            started_at=started,
+            replica=self.replica,
+            model=target.spec.model,
+            planned_prompt_tokens=plan.planned_tokens if plan else 0,
+            target_prompt_tokens=plan.target_tokens if plan else 0,
+            max_tokens=max_tokens,
+            token_source=token_source,
+            tokenize_calls=plan.tokenize_calls if plan else 0,
+            marker=marker,
+            marker_depth=plan.marker_depth if plan else 0.0,
+            streamed=streamed,
+            confirms_probe_id=confirms,
+            slot=slot,
         )
 
     async def _plan(self, target: Target, kind: ProbeKind, marker: str) -> PlannedPrompt:
