@@ -53,6 +53,25 @@ def slot_for(when: float, interval: float) -> int:
     return int(when // interval * interval)
 
 
+class SlotTrigger(IntervalTrigger):  # type: ignore[misc]
+    """Fires once per slot, at the slot's start plus a fresh jitter.
+
+    APScheduler's own jitter is added to the previous *jittered* fire time, so it accumulates:
+    runs came every interval + jitter/2 on average (a 60 s interval with 59 s jitter ran every
+    ~90 s, and skipped a third of its slots). Anchoring each run to its slot keeps one run per
+    interval, as the slot claims expect. Jitter must stay below the interval (config checks).
+    """
+
+    def get_next_fire_time(
+        self, previous_fire_time: datetime | None, now: datetime
+    ) -> datetime | None:
+        if previous_fire_time is not None:
+            slot = slot_for(previous_fire_time.timestamp(), self.interval_length)
+            previous_fire_time = datetime.fromtimestamp(slot, tz=UTC)
+        fire: datetime | None = super().get_next_fire_time(previous_fire_time, now)
+        return fire
+
+
 class ProbeScheduler:
     def __init__(
         self,
@@ -105,7 +124,7 @@ class ProbeScheduler:
             first = self._clock() + timedelta(seconds=self._rng.uniform(0, spread))
             self._scheduler.add_job(
                 self._run,
-                IntervalTrigger(
+                SlotTrigger(
                     seconds=spec.interval_seconds,
                     start_date=EPOCH,
                     jitter=spec.jitter_seconds or None,

@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from kvwatch.canary.model import ProbeKind
-from kvwatch.scheduler import ProbeScheduler
+from kvwatch.scheduler import EPOCH, ProbeScheduler, SlotTrigger, slot_for
 from kvwatch.simulator.command import parse_window_range
 from kvwatch.simulator.fleet import scale_fleet
 from kvwatch.simulator.server import run_simulator
@@ -87,3 +87,16 @@ async def test_no_more_probes_run_at_once_than_the_scheduler_allows(
         assert earlier.finished_at <= later.started_at
     # The ones that waited for the gate say so in their lag.
     assert max(float(p["lag_seconds"]) for p in probes) >= 0.3  # type: ignore[arg-type]
+
+
+def test_a_jittered_schedule_runs_once_in_every_slot_without_drifting() -> None:
+    """Jitter is drawn afresh in each slot: 200 runs land in 200 consecutive slots."""
+    trigger = SlotTrigger(seconds=60, start_date=EPOCH, jitter=59, timezone=UTC)
+    now = datetime(2026, 1, 1, 12, 0, 30, tzinfo=UTC)
+    fire = trigger.get_next_fire_time(None, now)
+    assert fire is not None
+    first = slot_for(fire.timestamp(), 60)
+    for n in range(1, 200):
+        fire = trigger.get_next_fire_time(fire, fire)
+        assert fire is not None
+        assert slot_for(fire.timestamp(), 60) == first + 60 * n
