@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import structlog
@@ -43,6 +43,7 @@ from kvwatch.alerting.policy import (
     WINDOW_NOT_SERVED,
     WRONG_REJECTION,
 )
+from kvwatch.alerting.state import StoredAlertState
 
 ALERTNAMES = (
     CROSS_REQUEST_LEAK,
@@ -59,30 +60,7 @@ ALERTNAMES = (
 _MIN_SLEEP = 0.2
 
 
-class AlertRecord(Protocol):
-    """What delivery reads of an alert state; the store's ``AlertStateRecord`` fits."""
-
-    @property
-    def alertname(self) -> str: ...
-    @property
-    def endpoint(self) -> str: ...
-    @property
-    def probe(self) -> str: ...
-    @property
-    def state(self) -> str: ...
-    @property
-    def starts_at(self) -> datetime | None: ...
-    @property
-    def ends_at(self) -> datetime | None: ...
-    @property
-    def labels(self) -> Mapping[str, str]: ...
-    @property
-    def annotations(self) -> Mapping[str, str]: ...
-    @property
-    def generator_url(self) -> str | None: ...
-
-
-LoadStates = Callable[[], Awaitable[Sequence[AlertRecord]]]
+LoadStates = Callable[[], Awaitable[Sequence[StoredAlertState]]]
 Clock = Callable[[], datetime]
 _Key = tuple[str, str, str]
 
@@ -235,14 +213,14 @@ class Delivery:
         self._metrics.queue_length.set(waiting)
         return self._next_due(now)
 
-    def _is_live(self, record: AlertRecord, now: datetime) -> bool:
+    def _is_live(self, record: StoredAlertState, now: datetime) -> bool:
         if record.state == "firing":
             return True
         if record.state == "resolved" and record.ends_at is not None:
             return now - record.ends_at <= self._retention
         return False
 
-    def _payload(self, record: AlertRecord, now: datetime) -> dict[str, Any]:
+    def _payload(self, record: StoredAlertState, now: datetime) -> dict[str, Any]:
         if record.state == "firing":
             ends_at = now + 4 * self._resend
         else:
@@ -256,7 +234,7 @@ class Delivery:
             generator_url=record.generator_url,
         )
 
-    def _due_for(self, name: str, live: list[AlertRecord], now: datetime) -> list[_Due]:
+    def _due_for(self, name: str, live: list[StoredAlertState], now: datetime) -> list[_Due]:
         due = []
         for record in live:
             key, fingerprint = _key(record), _fingerprint(record)
@@ -269,7 +247,7 @@ class Delivery:
         return due
 
     async def _send_to(
-        self, client: AlertmanagerClient, live: list[AlertRecord], now: datetime
+        self, client: AlertmanagerClient, live: list[StoredAlertState], now: datetime
     ) -> None:
         due = self._due_for(client.name, live, now)
         for start in range(0, len(due), MAX_BATCH):
@@ -307,7 +285,7 @@ class Delivery:
             candidates.extend(self._retry_at[name].values())
         return min(candidates)
 
-    def _update_firing(self, records: list[AlertRecord]) -> None:
+    def _update_firing(self, records: list[StoredAlertState]) -> None:
         counts = dict.fromkeys(self._known_alertnames, 0)
         for record in records:
             if record.state == "firing":
@@ -317,11 +295,11 @@ class Delivery:
             self._metrics.firing.labels(alertname=name).set(count)
 
 
-def _key(record: AlertRecord) -> _Key:
+def _key(record: StoredAlertState) -> _Key:
     return (record.alertname, record.endpoint, record.probe)
 
 
-def _fingerprint(record: AlertRecord) -> tuple[Any, ...]:
+def _fingerprint(record: StoredAlertState) -> tuple[Any, ...]:
     """What, when it changes, must reach Alertmanager now rather than at the next resend."""
     return (
         record.state,

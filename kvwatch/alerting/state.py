@@ -48,7 +48,8 @@ class AlertKey(NamedTuple):
 
 
 class StoredAlertState(Protocol):
-    """What :meth:`AlertState.from_record` reads: the store's ``AlertStateRecord`` fits."""
+    """What :meth:`AlertState.from_record` and the delivery loop read: the store's
+    ``AlertStateRecord`` fits."""
 
     @property
     def alertname(self) -> str: ...

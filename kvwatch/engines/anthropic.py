@@ -28,7 +28,7 @@ import httpx
 from kvwatch.canary.model import Exchange, Message, Rejection
 from kvwatch.canary.sizing import AcceptanceRule
 from kvwatch.engines.base import Discovery
-from kvwatch.engines.http import DEFAULT_BODY_LIMIT, ERROR_BODY_CHARS, bounded_text, one_line
+from kvwatch.engines.http import ERROR_BODY_CHARS, bounded_text, one_line
 from kvwatch.engines.openai import (
     ANSWER_CHARS,
     TOKENIZE_CONCURRENCY,
@@ -36,6 +36,7 @@ from kvwatch.engines.openai import (
     EngineCallError,
     OpenAIEngine,
     StreamAccumulator,
+    json_int,
 )
 from kvwatch.engines.rejections import error_message, is_context_length_payload
 from kvwatch.engines.sse import SSEParser
@@ -43,19 +44,15 @@ from kvwatch.engines.sse import SSEParser
 ANTHROPIC_VERSION = "2023-06-01"
 
 
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def prompt_tokens_of(usage: Any) -> int | None:
     """Every prompt token the request carried, cached or not."""
     if not isinstance(usage, dict):
         return None
-    base = _count(usage.get("input_tokens"))
+    base = json_int(usage.get("input_tokens"))
     if base is None:
         return None
     cached = (
-        _count(usage.get(k)) or 0
+        json_int(usage.get(k)) or 0
         for k in ("cache_read_input_tokens", "cache_creation_input_tokens")
     )
     return base + sum(cached)
@@ -92,7 +89,7 @@ def parse_message(payload: Any) -> Completion:
         answer=text[:ANSWER_CHARS],
         finish_reason=stop if isinstance(stop, str) else None,
         prompt_tokens=prompt_tokens_of(usage),
-        completion_tokens=_count(usage.get("output_tokens")) if isinstance(usage, dict) else None,
+        completion_tokens=json_int(usage.get("output_tokens")) if isinstance(usage, dict) else None,
     )
 
 
@@ -166,32 +163,17 @@ class AnthropicStreamReader:
                 ex.finish_reason = delta["stop_reason"]
             usage = payload.get("usage")
             if isinstance(usage, dict):
-                ex.completion_tokens = _count(usage.get("output_tokens"))
+                ex.completion_tokens = json_int(usage.get("output_tokens"))
         elif kind == "message_stop":
             self._stopped = True
 
 
 class AnthropicEngine(OpenAIEngine):
-    def __init__(
-        self,
-        client: httpx.AsyncClient,
-        *,
-        base_url: str,
-        model: str,
-        api_key: str | None,
-        body_limit_bytes: int = DEFAULT_BODY_LIMIT,
-        **options: Any,
-    ) -> None:
-        super().__init__(
-            client,
-            base_url=base_url,
-            model=model,
-            api_key=api_key,
-            body_limit_bytes=body_limit_bytes,
-            rule=AcceptanceRule.PROMPT_PLUS_MAX_TOKENS,
-            flavour="anthropic",
-            **options,
-        )
+    FLAVOUR = "anthropic"
+    RULE = AcceptanceRule.PROMPT_PLUS_MAX_TOKENS
+
+    def __init__(self, client: httpx.AsyncClient, **options: Any) -> None:
+        super().__init__(client, **options)
         # https://api.anthropic.com and https://api.anthropic.com/v1 both work as a URL.
         self.api_url = f"{self.root_url}/v1"
         self._overhead: int | None = None
@@ -236,7 +218,7 @@ class AnthropicEngine(OpenAIEngine):
             body["system"] = system
         status, payload = await self._post_json("/messages/count_tokens", body, base=self.api_url)
         if status == 200 and isinstance(payload, dict):
-            return _count(payload.get("input_tokens"))
+            return json_int(payload.get("input_tokens"))
         return None
 
     async def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:

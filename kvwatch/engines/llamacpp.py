@@ -11,43 +11,16 @@ answer stops when the slot is full (measured on a 4,096 window, DESIGN §1).
 
 from __future__ import annotations
 
-from typing import Any
-
-import httpx
-
 from kvwatch.canary.sizing import AcceptanceRule
 from kvwatch.engines.base import Discovery
-from kvwatch.engines.http import DEFAULT_BODY_LIMIT
-from kvwatch.engines.openai import EngineCallError, OpenAIEngine
-
-
-def _positive(value: Any) -> int | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-    return value if ok else None
+from kvwatch.engines.openai import EngineCallError, OpenAIEngine, positive_int
 
 
 class LlamaCppEngine(OpenAIEngine):
-    def __init__(
-        self,
-        client: httpx.AsyncClient,
-        *,
-        base_url: str,
-        model: str,
-        api_key: str | None,
-        body_limit_bytes: int = DEFAULT_BODY_LIMIT,
-        **options: Any,
-    ) -> None:
-        super().__init__(
-            client,
-            base_url=base_url,
-            model=model,
-            api_key=api_key,
-            body_limit_bytes=body_limit_bytes,
-            rule=AcceptanceRule.PROMPT_BELOW_WINDOW,
-            flavour="llamacpp",
-            tokenize_shape="llamacpp",
-            **options,
-        )
+    FLAVOUR = "llamacpp"
+    # A prompt below the slot's n_ctx is accepted whatever max_tokens says (module docstring).
+    RULE = AcceptanceRule.PROMPT_BELOW_WINDOW
+    TOKENIZE_SHAPE = "llamacpp"
 
     async def discover(self) -> Discovery:
         notes: list[str] = []
@@ -58,7 +31,7 @@ class LlamaCppEngine(OpenAIEngine):
         if status != 200 or not isinstance(props, dict):
             return Discovery(detail=f"GET /props answered {status}")
         settings = props.get("default_generation_settings")
-        n_ctx = _positive(settings.get("n_ctx")) if isinstance(settings, dict) else None
+        n_ctx = positive_int(settings.get("n_ctx")) if isinstance(settings, dict) else None
         slots_n_ctx: list[int] = []
         try:
             status, slots, _ = await self._discovery_call("GET", f"{self.root_url}/slots")
@@ -67,7 +40,7 @@ class LlamaCppEngine(OpenAIEngine):
         else:
             if status == 200 and isinstance(slots, list):
                 slots_n_ctx = [
-                    n for s in slots if isinstance(s, dict) and (n := _positive(s.get("n_ctx")))
+                    n for s in slots if isinstance(s, dict) and (n := positive_int(s.get("n_ctx")))
                 ]
             else:
                 notes.append(f"GET /slots answered {status}")
@@ -76,7 +49,7 @@ class LlamaCppEngine(OpenAIEngine):
             n_ctx = min(slots_n_ctx)
         if n_ctx is None:
             notes.append("GET /props reports no default_generation_settings.n_ctx")
-        total = _positive(props.get("total_slots"))
+        total = positive_int(props.get("total_slots"))
         if total is not None:
             notes.append(f"{total} slot(s), n_ctx per slot")
         alias = props.get("model_alias") or props.get("model_path")

@@ -27,19 +27,16 @@ import httpx
 from kvwatch.canary.model import Exchange, Message, Rejection
 from kvwatch.canary.sizing import AcceptanceRule
 from kvwatch.engines.base import Discovery
-from kvwatch.engines.http import DEFAULT_BODY_LIMIT, ERROR_BODY_CHARS, bounded_text, one_line
+from kvwatch.engines.http import ERROR_BODY_CHARS, bounded_text, one_line
 from kvwatch.engines.openai import (
     ANSWER_CHARS,
     Completion,
     EngineCallError,
     OpenAIEngine,
     StreamAccumulator,
+    json_int,
 )
 from kvwatch.engines.rejections import error_message, is_context_length_payload
-
-
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def parse_ollama_chat(payload: Any) -> Completion:
@@ -59,8 +56,8 @@ def parse_ollama_chat(payload: Any) -> Completion:
     return Completion(
         answer=content[:ANSWER_CHARS],
         finish_reason=reason if isinstance(reason, str) else None,
-        prompt_tokens=_count(payload.get("prompt_eval_count")),
-        completion_tokens=_count(payload.get("eval_count")),
+        prompt_tokens=json_int(payload.get("prompt_eval_count")),
+        completion_tokens=json_int(payload.get("eval_count")),
     )
 
 
@@ -134,33 +131,18 @@ class NDJSONReader:
             self._done = True
             reason = payload.get("done_reason")
             ex.finish_reason = reason if isinstance(reason, str) else ex.finish_reason
-            ex.prompt_tokens = _count(payload.get("prompt_eval_count"))
-            ex.completion_tokens = _count(payload.get("eval_count"))
+            ex.prompt_tokens = json_int(payload.get("prompt_eval_count"))
+            ex.completion_tokens = json_int(payload.get("eval_count"))
 
 
 class OllamaEngine(OpenAIEngine):
-    def __init__(
-        self,
-        client: httpx.AsyncClient,
-        *,
-        base_url: str,
-        model: str,
-        api_key: str | None,
-        body_limit_bytes: int = DEFAULT_BODY_LIMIT,
-        **options: Any,
-    ) -> None:
-        # Ollama never refuses an over-long prompt; sizing *over* at the window makes it the
-        # smallest prompt that gets truncated (documented: over on Ollama is over_accepted).
-        super().__init__(
-            client,
-            base_url=base_url,
-            model=model,
-            api_key=api_key,
-            body_limit_bytes=body_limit_bytes,
-            rule=AcceptanceRule.PROMPT_BELOW_WINDOW,
-            flavour="ollama",
-            **options,
-        )
+    FLAVOUR = "ollama"
+    # Ollama never refuses an over-long prompt; sizing *over* at the window makes it the
+    # smallest prompt that gets truncated (documented: over on Ollama is over_accepted).
+    RULE = AcceptanceRule.PROMPT_BELOW_WINDOW
+
+    def __init__(self, client: httpx.AsyncClient, **options: Any) -> None:
+        super().__init__(client, **options)
         # The native API lives at the server root, whatever suffix the URL was given with.
         self.root_url = self.base_url.removesuffix("/v1").removesuffix("/api")
 
@@ -206,7 +188,11 @@ class OllamaEngine(OpenAIEngine):
                 info = show.get("model_info")
                 if isinstance(info, dict):
                     trained = next(
-                        (v for k, v in info.items() if k.endswith(".context_length") and _count(v)),
+                        (
+                            v
+                            for k, v in info.items()
+                            if k.endswith(".context_length") and json_int(v)
+                        ),
                         None,
                     )
                 params = show.get("parameters")
@@ -227,7 +213,7 @@ class OllamaEngine(OpenAIEngine):
                     entry.get("name"),
                     entry.get("model"),
                 ):
-                    loaded = _count(entry.get("context_length"))
+                    loaded = json_int(entry.get("context_length"))
         if trained is not None:
             notes.append(f"model trained for {trained} tokens")
         window = loaded or num_ctx

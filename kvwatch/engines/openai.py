@@ -138,11 +138,18 @@ def parse_completion(payload: Any) -> Completion:
 def _usage(usage: Any) -> tuple[int | None, int | None]:
     if not isinstance(usage, dict):
         return None, None
-    return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+    return json_int(usage.get("prompt_tokens")), json_int(usage.get("completion_tokens"))
 
 
-def _int(value: Any) -> int | None:
+def json_int(value: Any) -> int | None:
+    """``value`` if it is a JSON integer (a bool is not one), else None. Pure."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def positive_int(value: Any) -> int | None:
+    """``value`` if it is a JSON integer above zero, else None. Pure."""
+    number = json_int(value)
+    return number if number is not None and number > 0 else None
 
 
 def reject_implausible_usage(exchange: Exchange) -> None:
@@ -268,7 +275,17 @@ class StreamReader:
 
 class OpenAIEngine:
     """An OpenAI-compatible endpoint. ``base_url`` is the API base (usually ending in ``/v1``);
-    the engine root, where vLLM and llama.cpp serve ``/tokenize``, is that URL without it."""
+    the engine root, where vLLM and llama.cpp serve ``/tokenize``, is that URL without it.
+
+    Subclasses for other engines set the class attributes; the ``rule``, ``flavour`` and
+    ``tokenize_shape`` arguments override them for one instance (``None``: the class's)."""
+
+    # Which engine this is (discovery, tokenize dialect and admission rule follow from it).
+    FLAVOUR: str = "openai"
+    # When the engine rejects a prompt for its length; see kvwatch.canary.sizing.
+    RULE: AcceptanceRule = AcceptanceRule.PROMPT_PLUS_MAX_TOKENS
+    # The tokenize dialect if the engine is known to speak one; None: found on first use.
+    TOKENIZE_SHAPE: TokenizeShape | None = None
 
     def __init__(
         self,
@@ -278,8 +295,8 @@ class OpenAIEngine:
         model: str,
         api_key: str | None,
         body_limit_bytes: int = DEFAULT_BODY_LIMIT,
-        rule: AcceptanceRule = AcceptanceRule.PROMPT_PLUS_MAX_TOKENS,
-        flavour: str = "openai",
+        rule: AcceptanceRule | None = None,
+        flavour: str | None = None,
         tokenize_shape: TokenizeShape | None = None,
         tokenize_timeout: float = 300.0,
         progress_interval: float = 5.0,
@@ -290,11 +307,12 @@ class OpenAIEngine:
         self.model = model
         self._api_key = api_key
         self.body_limit_bytes = body_limit_bytes
-        self.rule = rule
-        self.flavour = flavour
+        self.rule = self.RULE if rule is None else rule
+        self.flavour = self.FLAVOUR if flavour is None else flavour
         # Which tokenize dialect the engine speaks; found on first use unless configured.
-        self.tokenize_shape: TokenizeShape | None = tokenize_shape
-        self._shape_pinned = tokenize_shape is not None
+        shape = self.TOKENIZE_SHAPE if tokenize_shape is None else tokenize_shape
+        self.tokenize_shape: TokenizeShape | None = shape
+        self._shape_pinned = shape is not None
         self.tokenize_timeout = tokenize_timeout
         self.progress_interval = progress_interval
 
@@ -559,7 +577,7 @@ class OpenAIEngine:
             },
         )
         if status == 200 and isinstance(payload, dict):
-            return _int(payload.get("count"))
+            return json_int(payload.get("count"))
         return None
 
     async def _tokenize_llamacpp_chat(self, messages: Sequence[Message]) -> int | None:
@@ -588,7 +606,7 @@ class OpenAIEngine:
             "/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False}
         )
         if status == 200 and isinstance(payload, dict):
-            return _int(payload.get("count"))
+            return json_int(payload.get("count"))
         return None
 
     async def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
@@ -677,7 +695,7 @@ class OpenAIEngine:
                 return Discovery(detail=f"model {self.model!r} not listed; served: {served}")
             card = cards[0]
         model_id = card.get("id")
-        window = _int(card.get("max_model_len"))
+        window = json_int(card.get("max_model_len"))
         return Discovery(
             context_window=window if window is not None and window > 0 else None,
             model=model_id if isinstance(model_id, str) else None,

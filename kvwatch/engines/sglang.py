@@ -16,45 +16,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from kvwatch.canary.sizing import AcceptanceRule
 from kvwatch.engines.base import Discovery
-from kvwatch.engines.http import DEFAULT_BODY_LIMIT
-from kvwatch.engines.openai import EngineCallError, OpenAIEngine
+from kvwatch.engines.openai import EngineCallError, OpenAIEngine, positive_int
 
 SERVER_INFO_PATHS = ("/get_server_info", "/server_info")
 
 
-def _positive(value: Any) -> int | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-    return value if ok else None
-
-
 class SGLangEngine(OpenAIEngine):
-    def __init__(
-        self,
-        client: httpx.AsyncClient,
-        *,
-        base_url: str,
-        model: str,
-        api_key: str | None,
-        body_limit_bytes: int = DEFAULT_BODY_LIMIT,
-        **options: Any,
-    ) -> None:
-        # TokenizerManager rejects input >= context_len ("is longer than the model's context
-        # length") and input + max_new_tokens > context_len ("Requested token count exceeds
-        # the model's maximum context length"): prompt + max_tokens <= window.
-        super().__init__(
-            client,
-            base_url=base_url,
-            model=model,
-            api_key=api_key,
-            body_limit_bytes=body_limit_bytes,
-            rule=AcceptanceRule.PROMPT_PLUS_MAX_TOKENS,
-            flavour="sglang",
-            **options,
-        )
+    FLAVOUR = "sglang"
+    # TokenizerManager rejects input >= context_len ("is longer than the model's context
+    # length") and input + max_new_tokens > context_len ("Requested token count exceeds
+    # the model's maximum context length"): prompt + max_tokens <= window.
+    RULE = AcceptanceRule.PROMPT_PLUS_MAX_TOKENS
 
     async def discover(self) -> Discovery:
         models = await super().discover()
@@ -76,9 +50,9 @@ class SGLangEngine(OpenAIEngine):
                 model=models.model,
                 detail="; ".join(notes) or None,
             )
-        pool = _positive(info.get("max_total_num_tokens"))
-        window = models.context_window or _positive(info.get("context_length"))
-        limit = _positive(info.get("max_req_input_len"))
+        pool = positive_int(info.get("max_total_num_tokens"))
+        window = models.context_window or positive_int(info.get("context_length"))
+        limit = positive_int(info.get("max_req_input_len"))
         if limit is not None:
             notes.append(f"scheduler admits prompts below {limit} tokens (max_req_input_len)")
         if pool is None:

@@ -27,7 +27,7 @@ import httpx
 from kvwatch.canary.model import Exchange, Message, Rejection
 from kvwatch.canary.sizing import AcceptanceRule
 from kvwatch.engines.base import Discovery
-from kvwatch.engines.http import DEFAULT_BODY_LIMIT, ERROR_BODY_CHARS, bounded_text, one_line
+from kvwatch.engines.http import ERROR_BODY_CHARS, bounded_text, one_line
 from kvwatch.engines.openai import (
     ANSWER_CHARS,
     Completion,
@@ -35,40 +35,21 @@ from kvwatch.engines.openai import (
     OpenAIEngine,
     StreamAccumulator,
     plain_prompt,
+    positive_int,
 )
 from kvwatch.engines.rejections import error_message, is_context_length_payload
 from kvwatch.engines.sse import SSEParser
 
 
-def _positive(value: Any) -> int | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-    return value if ok else None
-
-
 class TGIEngine(OpenAIEngine):
     """TGI through its Messages API (``/v1/chat/completions``)."""
 
-    def __init__(
-        self,
-        client: httpx.AsyncClient,
-        *,
-        base_url: str,
-        model: str,
-        api_key: str | None,
-        body_limit_bytes: int = DEFAULT_BODY_LIMIT,
-        flavour: str = "tgi",
-        **options: Any,
-    ) -> None:
-        super().__init__(
-            client,
-            base_url=base_url,
-            model=model,
-            api_key=api_key,
-            body_limit_bytes=body_limit_bytes,
-            rule=AcceptanceRule.PROMPT_PLUS_MAX_TOKENS,
-            flavour=flavour,
-            **options,
-        )
+    FLAVOUR = "tgi"
+    # Validation refuses inputs + max_new_tokens > max_total_tokens (module docstring).
+    RULE = AcceptanceRule.PROMPT_PLUS_MAX_TOKENS
+
+    def __init__(self, client: httpx.AsyncClient, **options: Any) -> None:
+        super().__init__(client, **options)
         # Tokens /tokenize adds to any text (BOS and the like), learnt on first use.
         self._special_tokens: int | None = None
 
@@ -113,8 +94,8 @@ class TGIEngine(OpenAIEngine):
             return Discovery(detail=str(exc))
         if status != 200 or not isinstance(info, dict):
             return Discovery(detail=f"GET /info answered {status}")
-        total = _positive(info.get("max_total_tokens"))
-        max_input = _positive(info.get("max_input_tokens"))
+        total = positive_int(info.get("max_total_tokens"))
+        max_input = positive_int(info.get("max_input_tokens"))
         model = info.get("model_id")
         detail = None if total is not None else "GET /info reports no max_total_tokens"
         if max_input is not None:
@@ -208,9 +189,6 @@ def _read_details(details: dict[str, Any], ex: Exchange) -> None:
 
 class TGIGenerateEngine(TGIEngine):
     """TGI's native ``/generate`` API: a raw prompt (no chat template) and its own shapes."""
-
-    def __init__(self, client: httpx.AsyncClient, **kwargs: Any) -> None:
-        super().__init__(client, **kwargs)
 
     def _chat_url(self, *, stream: bool) -> str:
         return f"{self.root_url}/generate_stream" if stream else f"{self.root_url}/generate"

@@ -10,14 +10,10 @@ with several engines (data parallel) each has its own pool and the smallest bind
 
 from __future__ import annotations
 
-from typing import Any
-
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvwatch.canary.sizing import AcceptanceRule
 from kvwatch.engines.base import Discovery
-from kvwatch.engines.http import DEFAULT_BODY_LIMIT
 from kvwatch.engines.openai import EngineCallError, OpenAIEngine
 
 CACHE_CONFIG_METRIC = "vllm:cache_config_info"
@@ -52,29 +48,11 @@ def _label_int(labels: dict[str, str], key: str) -> int | None:
 
 
 class VLLMEngine(OpenAIEngine):
-    def __init__(
-        self,
-        client: httpx.AsyncClient,
-        *,
-        base_url: str,
-        model: str,
-        api_key: str | None,
-        body_limit_bytes: int = DEFAULT_BODY_LIMIT,
-        **options: Any,
-    ) -> None:
-        # vLLM rejects prompt + max_tokens > max_model_len
-        # (vllm/entrypoints/openai/serving_engine.py _validate_input, later renderers).
-        super().__init__(
-            client,
-            base_url=base_url,
-            model=model,
-            api_key=api_key,
-            body_limit_bytes=body_limit_bytes,
-            rule=AcceptanceRule.PROMPT_PLUS_MAX_TOKENS,
-            flavour="vllm",
-            tokenize_shape="vllm",
-            **options,
-        )
+    FLAVOUR = "vllm"
+    # vLLM rejects prompt + max_tokens > max_model_len
+    # (vllm/entrypoints/openai/serving_engine.py _validate_input, later renderers).
+    RULE = AcceptanceRule.PROMPT_PLUS_MAX_TOKENS
+    TOKENIZE_SHAPE = "vllm"
 
     async def discover(self) -> Discovery:
         models = await super().discover()
