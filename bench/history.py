@@ -229,7 +229,7 @@ def _fill_postgres(engine: Engine, total: int, ids: dict[str, int], end: datetim
     the count actually stored is what is reported.
     """
     del ids  # the generating SQL joins endpoints by name
-    indexes = sorted(Probe.__table__.indexes, key=lambda i: str(i.name))
+    indexes = sorted(Probe.metadata.tables["probes"].indexes, key=lambda i: str(i.name))
     raw = engine.raw_connection()
     try:
         driver: Any = raw.driver_connection
