@@ -39,7 +39,7 @@ from kvwatch.engines.openai import (
     json_int,
 )
 from kvwatch.engines.rejections import error_message, is_context_length_payload
-from kvwatch.engines.sse import SSEParser
+from kvwatch.engines.sse import EventStreamReader
 
 ANTHROPIC_VERSION = "2023-06-01"
 
@@ -93,37 +93,23 @@ def parse_message(payload: Any) -> Completion:
     )
 
 
-class AnthropicStreamReader:
+class AnthropicStreamReader(EventStreamReader):
     """Accumulates a Messages API event stream. Pure (no I/O)."""
 
     def __init__(self, exchange: Exchange) -> None:
-        self.exchange = exchange
-        self.parser = SSEParser(terminator=None)
-        self._answer: list[str] = []
-        self._chars = 0
+        super().__init__(exchange)
         self._stopped = False
         self._started = False
 
     @property
-    def done(self) -> bool:
-        return self._stopped or self.exchange.stream_error_frame
+    def _ended(self) -> bool:
+        return self._stopped
 
-    def feed(self, data: bytes) -> None:
-        for event in self.parser.feed(data):
-            self._event(event.data, event.event)
+    def _completed(self) -> bool:
+        return self._stopped and self._started
 
-    def finish(self) -> None:
-        for event in self.parser.close():
-            self._event(event.data, event.event)
-        ex = self.exchange
-        ex.stream_terminated = self._stopped
-        ex.answer = "".join(self._answer)
-        if ex.stream_error_frame:
-            ex.body_parsed = False
-        elif ex.error_detail is None:
-            if not self._stopped:
-                ex.error_detail = "stream ended without message_stop"
-            ex.body_parsed = self._stopped and self._started
+    def _missing_end(self) -> str:
+        return "stream ended without message_stop"
 
     def _event(self, data: str, name: str | None) -> None:
         ex = self.exchange

@@ -18,6 +18,8 @@ import codecs
 import re
 from dataclasses import dataclass
 
+from kvwatch.canary.model import Exchange
+
 DONE = "[DONE]"
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
@@ -165,3 +167,49 @@ def parse_all(chunks: list[bytes] | list[str]) -> tuple[list[SSEEvent], SSEParse
         events.extend(parser.feed(chunk))
     events.extend(parser.close())
     return events, parser
+
+
+class EventStreamReader:
+    """Shared part of the adapters' SSE readers (Anthropic, TGI): feed bytes, then settle the
+    exchange at the end. Subclasses handle each event and say whether the stream ended as
+    its API ends one (``_ended``), whether that makes a completion, and what was missing."""
+
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+        self.parser = SSEParser(terminator=None)
+        self._answer: list[str] = []
+        self._chars = 0
+
+    @property
+    def _ended(self) -> bool:
+        raise NotImplementedError
+
+    def _completed(self) -> bool:
+        return self._ended
+
+    def _missing_end(self) -> str:
+        raise NotImplementedError
+
+    def _event(self, data: str, name: str | None) -> None:
+        raise NotImplementedError
+
+    @property
+    def done(self) -> bool:
+        return self._ended or self.exchange.stream_error_frame
+
+    def feed(self, data: bytes) -> None:
+        for event in self.parser.feed(data):
+            self._event(event.data, event.event)
+
+    def finish(self) -> None:
+        for event in self.parser.close():
+            self._event(event.data, event.event)
+        ex = self.exchange
+        ex.stream_terminated = self._ended
+        ex.answer = "".join(self._answer)
+        if ex.stream_error_frame:
+            ex.body_parsed = False
+        elif ex.error_detail is None:
+            if not self._ended:
+                ex.error_detail = self._missing_end()
+            ex.body_parsed = self._completed()

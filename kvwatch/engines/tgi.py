@@ -38,7 +38,7 @@ from kvwatch.engines.openai import (
     positive_int,
 )
 from kvwatch.engines.rejections import error_message, is_context_length_payload
-from kvwatch.engines.sse import SSEParser
+from kvwatch.engines.sse import EventStreamReader
 
 
 class TGIEngine(OpenAIEngine):
@@ -110,37 +110,20 @@ class TGIEngine(OpenAIEngine):
         )
 
 
-class TGIStreamReader:
+class TGIStreamReader(EventStreamReader):
     """Accumulates a TGI ``/generate_stream`` SSE stream. Pure (no I/O)."""
 
     def __init__(self, exchange: Exchange) -> None:
-        self.exchange = exchange
-        self.parser = SSEParser(terminator=None)
-        self._answer: list[str] = []
-        self._chars = 0
+        super().__init__(exchange)
         self._final = False
         self.events = 0
 
     @property
-    def done(self) -> bool:
-        return self._final or self.exchange.stream_error_frame
+    def _ended(self) -> bool:
+        return self._final
 
-    def feed(self, data: bytes) -> None:
-        for event in self.parser.feed(data):
-            self._event(event.data, event.event)
-
-    def finish(self) -> None:
-        for event in self.parser.close():
-            self._event(event.data, event.event)
-        ex = self.exchange
-        ex.stream_terminated = self._final
-        ex.answer = "".join(self._answer)
-        if ex.stream_error_frame:
-            ex.body_parsed = False
-        elif ex.error_detail is None:
-            if not self._final:
-                ex.error_detail = f"stream ended without its final event ({self.events} events)"
-            ex.body_parsed = self._final
+    def _missing_end(self) -> str:
+        return f"stream ended without its final event ({self.events} events)"
 
     def _event(self, data: str, name: str | None) -> None:
         ex = self.exchange
