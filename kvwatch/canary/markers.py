@@ -20,8 +20,9 @@ BITS = SYMBOLS * 5
 
 _GROUP = "[0-9A-HJKMNP-TV-Z]{4}"
 _MARKER_RE = re.compile(rf"\bKVW-{_GROUP}-{_GROUP}-{_GROUP}\b")
-# Over the normalised text (upper case, only letters and digits kept).
-_NORMALISED_RE = re.compile(r"KVW([0-9A-Z]{12})")
+# Over the normalised text (upper case, only letters and digits kept). A lookahead, so that
+# candidates may overlap: in "KVW KVW-7F3K-…" the first KVW must not swallow the real code.
+_NORMALISED_RE = re.compile(r"(?=KVW([0-9A-Z]{12}))")
 _CROCKFORD_ALIASES = str.maketrans({"O": "0", "I": "1", "L": "1"})
 
 
@@ -47,16 +48,20 @@ def normalise(text: str) -> str:
 
 
 def canonical(marker: str) -> str:
-    """The 12 symbols of a marker in canonical spelling: the key markers are stored under."""
+    """The 12 symbols of a marker in canonical spelling: the key markers are stored under.
+
+    Idempotent: the prefix is dropped only from a 15-symbol ``KVW…`` spelling, so a canonical
+    body whose own first symbols are K, V, W (one marker in 32,768) keeps them.
+    """
     body = normalise(marker)
-    if body.startswith(PREFIX):
+    if len(body) == len(PREFIX) + SYMBOLS and body.startswith(PREFIX):
         body = body[len(PREFIX) :]
     return body.translate(_CROCKFORD_ALIASES)
 
 
 def contains_marker(answer: str, marker: str) -> bool:
     """Whether ``answer`` repeats ``marker``, tolerating case, spacing and punctuation noise."""
-    return canonical(marker) in {canonical(m) for m in markers_in_answer(answer)}
+    return canonical(marker) in markers_in_answer(answer)
 
 
 def markers_in_answer(answer: str) -> list[str]:

@@ -68,3 +68,36 @@ def test_a_planted_marker_is_always_found_whatever_surrounds_it(before, after):
 def test_text_without_the_prefix_never_matches(text):
     """Property: no marker is found in text that cannot spell the KVW prefix."""
     assert markers.markers_in_answer(text) == []
+
+
+_SYMBOL = st.sampled_from(markers.ALPHABET)
+
+
+@st.composite
+def any_marker(draw: st.DrawFn) -> str:
+    """Any well-formed marker, with the rare ones that begin again with K, V, W made common."""
+    start = draw(st.sampled_from(["", "K", "KV", "KVW", "KVWK", "KVWKV", "KVWKVW"]))
+    rest = draw(st.lists(_SYMBOL, min_size=12 - len(start), max_size=12 - len(start)))
+    symbols = start + "".join(rest)
+    return f"KVW-{symbols[0:4]}-{symbols[4:8]}-{symbols[8:12]}"
+
+
+def test_a_marker_whose_first_group_starts_with_kvw_is_still_found():
+    """Regression: KVW-KVWF-… (one marker in 32,768) was read as missing and paged."""
+    marker = "KVW-KVWF-Z7TC-AQMH"
+    assert markers.contains_marker(f"The code is {marker}.", marker)
+    assert markers.canonical(markers.canonical(marker)) == "KVWFZ7TCAQMH"
+
+
+def test_a_stray_kvw_before_the_marker_does_not_hide_it():
+    """Candidates overlap: "KVW KVW-7F3K-…" still yields the real code."""
+    assert markers.contains_marker("KVW: KVW-7F3K-9QX2-M4TD", "KVW-7F3K-9QX2-M4TD")
+
+
+@given(any_marker(), st.text(max_size=100), st.text(max_size=100))
+def test_every_well_formed_marker_is_found_and_canonical_is_idempotent(marker, before, after):
+    """Property: over all 2**60 markers, a planted one is found and canonical() is stable."""
+    assert markers.contains_marker(f"{before} {marker} {after}", marker)
+    body = markers.canonical(marker)
+    assert markers.canonical(body) == body
+    assert body in markers.markers_in_answer(marker)
