@@ -14,11 +14,11 @@ from sqlalchemy import text
 from kvwatch.store.engine import create_engine_for
 from tests.helpers.processes import free_port, simulator_process, start_kvwatch, stop
 
-ENDPOINTS = 20
+ENDPOINTS = 30
 KINDS = ("baseline", "over")
 INTERVAL = 3
-RUN_SECONDS = 100
-KILL_AFTER = 30
+RUN_SECONDS = 75
+KILL_AFTER = 25
 
 
 def replica_config(path: Path, db_url: str, sim: str, replica: str) -> Path:
