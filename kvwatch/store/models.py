@@ -195,9 +195,7 @@ class ProbeSlot(Base):
     endpoint: Mapped[str] = mapped_column(String(200), primary_key=True)
     kind: Mapped[str] = mapped_column(String(32), primary_key=True)
     slot: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # epoch seconds
-    region: Mapped[str] = mapped_column(
-        String(REGION_LENGTH), primary_key=True, server_default=""
-    )
+    region: Mapped[str] = mapped_column(String(REGION_LENGTH), primary_key=True, server_default="")
     replica: Mapped[str] = mapped_column(String(200))
     claimed_at: Mapped[datetime]
     expires_at: Mapped[datetime]

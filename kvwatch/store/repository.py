@@ -209,9 +209,10 @@ class Store:
     def claim_slot(self, endpoint: str, kind: str, slot: int, replica: str, ttl: float) -> bool:
         """Claim a scheduled slot for ``replica``; True if it is now this replica's to run.
 
-        Claims are per region: each region runs the slot once. The first claim inserts the row (a unique key decides between racing replicas). A
-        claim that expired undone (its replica died mid-probe) is taken over, and the dead
-        replica's probe row for the slot is marked interrupted in the same transaction.
+        Claims are per region: each region runs the slot once. The first claim inserts the
+        row (a unique key decides between racing replicas). A claim that expired undone (its
+        replica died mid-probe) is taken over, and the dead replica's probe row for the slot
+        is marked interrupted in the same transaction.
         """
         now = self._now()
         expires = now + timedelta(seconds=ttl)
