@@ -7,12 +7,12 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import Engine, MetaData, insert, inspect
+from sqlalchemy import Engine, MetaData, insert, inspect, text
 
 from kvwatch.canary.model import ProbeState
 from kvwatch.store import AlertStateRecord, NewProbe, ProbeOutcome, Store
 from kvwatch.store.engine import create_engine_for
-from kvwatch.store.migrate import upgrade_engine
+from kvwatch.store.migrate import downgrade_engine, upgrade_engine
 from kvwatch.store.queries import HistoryQueries, ProbeFilter
 
 NewProbeFactory = Callable[..., NewProbe]
@@ -291,3 +291,21 @@ def test_upgrading_from_0004_keeps_every_row_and_keys_them_on_region(db_url: str
         )
     finally:
         engine.dispose()
+
+
+def test_downgrading_to_0004_keeps_the_regionless_rows(engine: Engine) -> None:
+    """Back at 0004 the single-region claims and alert states stay; named regions' go."""
+    solo, eu = regional(engine, None), regional(engine, "eu")
+    assert solo.claim_slot("ep", "under", 1000, "solo", ttl=60)
+    assert eu.claim_slot("ep", "under", 1000, "eu-0", ttl=60)
+    solo.save_alert_states([leak_alert()])
+    eu.save_alert_states([leak_alert()])
+    downgrade_engine(engine, "0004")
+    keys = inspect(engine)
+    assert "region" not in {c["name"] for c in keys.get_columns("probe_slots")}
+    with engine.connect() as c:
+        assert c.execute(text("SELECT replica FROM probe_slots")).scalars().all() == ["solo"]
+        assert c.execute(text("SELECT count(*) FROM alert_states")).scalar() == 1
+    upgrade_engine(engine)
+    assert solo.load_alert_states() == [leak_alert()]
+    assert eu.load_alert_states() == []
