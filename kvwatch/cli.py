@@ -269,6 +269,7 @@ def format_table(reports: list[ProbeReport]) -> str:
     default=None,
     help="Only this verdict.",
 )
+@click.option("--region", default=None, help="Only probes run in this region (multi-region mode).")
 @click.option(
     "--since", default=None, help="Only probes started since: a duration ago (24h) or an ISO time."
 )
@@ -284,6 +285,7 @@ def results(
     endpoint: str | None,
     kind: str | None,
     verdict: str | None,
+    region: str | None,
     since: str | None,
     until: str | None,
     limit: int,
@@ -307,7 +309,9 @@ def results(
         raise click.UsageError("--since must be before --until")
     config = _load(config_path)
     engine = create_engine_for(config.database)
-    filters = ProbeFilter(endpoint=endpoint, kind=kind, verdict=verdict, since=start, until=end)
+    filters = ProbeFilter(
+        endpoint=endpoint, kind=kind, verdict=verdict, region=region, since=start, until=end
+    )
     rows: list[Any] = []
     try:
         queries = HistoryQueries(Store(engine))
@@ -333,6 +337,7 @@ def results(
         "marker_found",
         "duration_seconds",
         "replica",
+        "region",
         "reason",
     )
     records = [
@@ -427,7 +432,7 @@ def _probe_text(p: Any) -> str:
         f"  timings:       first byte {s(p.ttfb_seconds)}, total {s(p.duration_seconds)}",
         f"  started:       {p.started_at.isoformat()}",
         f"  finished:      {p.finished_at.isoformat() if p.finished_at else '-'} ({p.state})",
-        f"  replica:       {p.replica}",
+        f"  replica:       {p.replica}" + (f" (region {p.region})" if p.region else ""),
     ]
     if p.answer_excerpt is not None:
         lines.append(f"  answer:        {p.answer_excerpt!r}")

@@ -176,7 +176,7 @@ async def build(config: Config, *, upgrade: bool = True, alerting: bool = True) 
     """
     if upgrade:
         await asyncio.to_thread(migrate.upgrade, config.database)
-    store = Store(create_engine_for(config.database))
+    store = Store(create_engine_for(config.database), region=config.region)
     registry = CollectorRegistry()
     metrics = ProbeMetrics(registry)
     client = build_http_client()
@@ -193,7 +193,7 @@ async def build(config: Config, *, upgrade: bool = True, alerting: bool = True) 
     if alerting:
         base = public_base_url(config)
         alerts = AlertEvaluator(
-            policy=default_policy(),
+            policy=default_policy(region=config.region),
             states=await asyncio.to_thread(store.load_alert_states),
             probe_url=lambda probe_id: f"{base}/probes/{probe_id}",
         )
@@ -243,7 +243,7 @@ class Daemon:
 
         An invalid new config (or one the capacity gate refuses) is rejected whole and the
         running one stays. Settings that are bound at start (database, listen, replica,
-        alertmanager, retention) are reported as needing a restart and not applied.
+        region, alertmanager, retention) are reported as needing a restart and not applied.
         """
         async with self._reload_lock:
             ok, message = await self._reload()
@@ -270,7 +270,15 @@ class Daemon:
         built, scheduler = self._built, self._scheduler
         fixed = [
             key
-            for key in ("database", "listen", "replica", "alertmanager", "retention", "web")
+            for key in (
+                "database",
+                "listen",
+                "replica",
+                "region",
+                "alertmanager",
+                "retention",
+                "web",
+            )
             if getattr(new, key) != getattr(self.config, key)
         ]
         old = {t.spec.name: t for t in built.targets}
@@ -376,6 +384,7 @@ class Daemon:
                 "started",
                 version=__version__,
                 replica=config.replica_id,
+                region=config.region,
                 endpoints=[t.spec.name for t in built.targets],
                 listen=config.listen,
                 database=_safe_url(config.database),

@@ -32,6 +32,8 @@ _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # Labels kvwatch sets itself; static labels from config may not shadow them, or an alert's
 # identity would depend on configuration rather than on what failed.
 RESERVED_LABELS = frozenset({"alertname", "severity", "endpoint", "model", "probe"})
+# Set by kvwatch only in multi-region mode; without a region it is an ordinary label.
+REGION_LABEL = "region"
 _TUNABLE = frozenset({"fire_after", "resolve_after", "suppressed_by_canary", "severity"})
 
 # Every verdict that is not an error of the probe itself shows the probe ran to completion,
@@ -76,11 +78,15 @@ class AlertPolicy:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AlertingPolicy:
-    """All alert policies, plus what every alert carries: runbook links and static labels."""
+    """All alert policies, plus what every alert carries: runbook links, static labels and,
+    in multi-region mode, the region that saw the failure."""
 
     alerts: Mapping[str, AlertPolicy]
     runbook_base: str = DEFAULT_RUNBOOK_BASE
     static_labels: Mapping[str, str] = field(default_factory=dict)
+    # Stable per deployment, so a label like the others; Alertmanager routes group without
+    # it, so every region's alert for one failure lands in one notification.
+    region: str | None = None
 
     def __post_init__(self) -> None:
         owner: dict[Verdict, str] = {}
@@ -94,7 +100,7 @@ class AlertingPolicy:
                     )
                 owner[verdict] = name
         for label in self.static_labels:
-            if label in RESERVED_LABELS:
+            if label in RESERVED_LABELS or (label == REGION_LABEL and self.region is not None):
                 raise PolicyError(f"labels.{label}: is set by kvwatch and cannot be overridden")
             if not _LABEL_NAME.fullmatch(label):
                 raise PolicyError(f"labels.{label}: is not a valid Prometheus label name")
@@ -204,6 +210,7 @@ def default_policy(
     runbook_base: str = DEFAULT_RUNBOOK_BASE,
     static_labels: Mapping[str, str] | None = None,
     overrides: Mapping[str, Mapping[str, object]] | None = None,
+    region: str | None = None,
 ) -> AlertingPolicy:
     """The shipped policy, with per-alert ``overrides`` of fire_after, resolve_after,
     suppressed_by_canary and severity."""
@@ -234,4 +241,5 @@ def default_policy(
         alerts=alerts,
         runbook_base=runbook_base.rstrip("#"),
         static_labels=dict(static_labels or {}),
+        region=region,
     )

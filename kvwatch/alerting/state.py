@@ -25,6 +25,7 @@ from typing import NamedTuple, Protocol
 from kvwatch.alerting.policy import (
     BOUNDARY_PROBES,
     CANARY_INEFFECTIVE,
+    REGION_LABEL,
     AlertingPolicy,
     AlertPolicy,
 )
@@ -283,7 +284,7 @@ def _on_other_verdict(old: AlertState) -> AlertState:
 def _labels(alert: AlertPolicy, event: ProbeEvent, policy: AlertingPolicy) -> dict[str, str]:
     # Later wins: the endpoint's labels refine the global ones, and kvwatch's own labels can
     # never be overridden by configuration.
-    return {
+    labels = {
         **policy.static_labels,
         **event.labels,
         "alertname": alert.alertname,
@@ -292,6 +293,9 @@ def _labels(alert: AlertPolicy, event: ProbeEvent, policy: AlertingPolicy) -> di
         "model": event.model,
         "probe": event.probe,
     }
+    if policy.region is not None:
+        labels[REGION_LABEL] = policy.region
+    return labels
 
 
 def _annotations(alert: AlertPolicy, event: ProbeEvent, policy: AlertingPolicy) -> dict[str, str]:
@@ -300,20 +304,22 @@ def _annotations(alert: AlertPolicy, event: ProbeEvent, policy: AlertingPolicy) 
     )
     return {
         "summary": summary,
-        "description": describe(event),
+        "description": describe(event, region=policy.region),
         "runbook_url": policy.runbook_url(alert.alertname),
     }
 
 
-def describe(event: ProbeEvent) -> str:
-    """The evidence of one probe as sentences, for the alert's ``description``."""
+def describe(event: ProbeEvent, *, region: str | None = None) -> str:
+    """The evidence of one probe as sentences, for the alert's ``description``; in
+    multi-region mode it names the region that ran the probe."""
     ev = event.evidence
     what = f"{event.probe} probe" if event.probe else "capacity check"
     probe_id = f" {event.probe_id}" if event.probe_id is not None else ""
     kind = " (a confirmation re-check)" if event.confirmation else ""
     sentences = [
         f"The {what}{probe_id}{kind} of {event.endpoint} ({event.model}) "
-        f"ended in verdict {Verdict(event.verdict).value}"
+        + (f"from region {region} " if region is not None else "")
+        + f"ended in verdict {Verdict(event.verdict).value}"
         + (f": {ev.reason.rstrip('.')}." if ev.reason else ".")
     ]
     if ev.planned_tokens is not None or ev.reported_tokens is not None:

@@ -28,6 +28,12 @@ def cross_field_problems(config: Config) -> list[Problem]:
         if endpoint.name in seen:
             problems.append(((*here, "name"), f'duplicate endpoint name "{endpoint.name}"'))
         seen.add(endpoint.name)
+        if config.region is not None and "region" in endpoint.labels:
+            # The region label is kvwatch's in multi-region mode; a static one would hide
+            # which region saw the failure.
+            problems.append(
+                ((*here, "labels", "region"), "is reserved: kvwatch sets it when region is set")
+            )
 
         # A clash that comes only from `defaults` is reported once, above, not per endpoint.
         if spec.jitter_seconds >= spec.interval_seconds:

@@ -26,6 +26,7 @@ from kvwatch.config.types import (
     NonBlank,
     PositiveInt,
     ReadableFile,
+    Region,
     Secret,
     SecretFilePath,
     TokenizerSpec,
@@ -223,6 +224,9 @@ class Config(_Strict):
     listen: ListenAddress = "127.0.0.1:9464"
     # Stored with each probe; several replicas share one database.
     replica: NonBlank | None = None
+    # Multi-region mode: the region this kvwatch probes from. Every region runs every slot,
+    # and its alerts carry a `region` label; replicas share work only within their region.
+    region: Region | None = None
     log_level: LogLevel = "info"
     alertmanager: Alertmanager = Alertmanager()
     defaults: Defaults = Defaults()

@@ -29,6 +29,7 @@ ERROR_TYPE = "kvwatch"
 RESERVED_LABELS = frozenset({"alertname", "severity", "endpoint", "model", "probe"})
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _ENDPOINT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_REGION = re.compile(r"[A-Za-z0-9_.-]{1,63}")
 _DIGITS = re.compile(r"\+?\d+")
 MAX_MARKER_DEPTH = 0.9
 DATABASE_SCHEMES = ("sqlite", "postgresql+psycopg")
@@ -165,6 +166,12 @@ def _endpoint_name(value: str) -> str:
     return value
 
 
+def _region(value: str) -> str:
+    if not _REGION.fullmatch(value):
+        raise invalid("must be 1 to 63 letters, digits, '_', '.' or '-'")
+    return value
+
+
 def _label_name(value: str) -> str:
     if not _LABEL_NAME.fullmatch(value):
         raise invalid(
@@ -247,6 +254,7 @@ ListenAddress = Annotated[str, AfterValidator(_listen)]
 DatabaseUrl = Annotated[str, AfterValidator(_database_url)]
 NonBlank = Annotated[str, AfterValidator(_non_blank)]
 EndpointName = Annotated[str, AfterValidator(_endpoint_name)]
+Region = Annotated[str, AfterValidator(_region)]
 LabelName = Annotated[str, AfterValidator(_label_name)]
 TokenizerSpec = Annotated[str, AfterValidator(_tokenizer)]
 Secret = Annotated[SecretStr, AfterValidator(_non_empty_secret)]

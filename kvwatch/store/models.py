@@ -40,6 +40,8 @@ NAMING_CONVENTION = {
 Id = BigInteger().with_variant(Integer(), "sqlite")
 
 PROBE_STATES = ("running", "done", "interrupted")
+# A region name (config: 1-63 letters, digits, '_', '.', '-'); "" in keys means no region.
+REGION_LENGTH = 63
 ALERT_STATES = ("inactive", "pending", "firing", "resolved")
 
 
@@ -133,6 +135,8 @@ class Probe(Base):
     )
     # The scheduled slot (epoch seconds) this probe ran for; NULL for one-shot probes.
     slot: Mapped[int | None] = mapped_column(BigInteger)
+    # The region of the replica that ran it (migration 0005); NULL without multi-region mode.
+    region: Mapped[str | None] = mapped_column(String(REGION_LENGTH))
 
 
 class Marker(Base):
@@ -149,7 +153,7 @@ class Marker(Base):
 class AlertState(Base):
     __tablename__ = "alert_states"
     __table_args__ = (
-        UniqueConstraint("alertname", "endpoint", "probe"),
+        UniqueConstraint("alertname", "endpoint", "probe", "region"),
         CheckConstraint(_in("state", ALERT_STATES), name="state"),
     )
 
@@ -157,6 +161,8 @@ class AlertState(Base):
     alertname: Mapped[str] = mapped_column(String(100))
     endpoint: Mapped[str] = mapped_column(String(200))
     probe: Mapped[str] = mapped_column(String(32))
+    # Each region keeps (and pages) its own state; "" without multi-region mode.
+    region: Mapped[str] = mapped_column(String(REGION_LENGTH), server_default="")
     state: Mapped[str] = mapped_column(String(16))
     severity: Mapped[str] = mapped_column(String(16))
     failures: Mapped[int] = mapped_column(Integer)
@@ -178,6 +184,9 @@ class ProbeSlot(Base):
     The replica that inserts the row runs the slot; no transaction is held open across the
     probe. A claim whose replica died expires (``expires_at``) and another replica takes it
     over (``attempts`` counts the takeovers). ``done`` marks the slot as run.
+
+    In multi-region mode every region runs every slot: the key holds the region ("" without
+    one), so a replica shares the work only with the replicas of its own region.
     """
 
     __tablename__ = "probe_slots"
@@ -186,6 +195,7 @@ class ProbeSlot(Base):
     endpoint: Mapped[str] = mapped_column(String(200), primary_key=True)
     kind: Mapped[str] = mapped_column(String(32), primary_key=True)
     slot: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # epoch seconds
+    region: Mapped[str] = mapped_column(String(REGION_LENGTH), primary_key=True, server_default="")
     replica: Mapped[str] = mapped_column(String(200))
     claimed_at: Mapped[datetime]
     expires_at: Mapped[datetime]

@@ -85,6 +85,7 @@ class ProbeFilter:
     verdict: str | None = None
     since: datetime | None = None  # inclusive, on started_at
     until: datetime | None = None  # exclusive, on started_at
+    region: str | None = None  # the region that ran them (multi-region mode)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -406,6 +407,8 @@ def _conditions(f: ProbeFilter) -> list[ColumnElement[bool]]:
         conditions.append(Probe.kind == f.kind)
     if f.verdict is not None:
         conditions.append(Probe.verdict == f.verdict)
+    if f.region is not None:
+        conditions.append(Probe.region == f.region)
     if f.since is not None:
         conditions.append(Probe.started_at >= f.since)
     if f.until is not None:

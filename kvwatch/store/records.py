@@ -92,6 +92,7 @@ class ProbeRow:
     duration_seconds: float | None
     confirms_probe_id: int | None
     slot: int | None = None
+    region: str | None = None  # of the replica that ran it; None without multi-region mode
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

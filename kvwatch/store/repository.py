@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, or_, select, text, update
+from sqlalchemy import ColumnElement, Engine, delete, func, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -32,7 +32,7 @@ from kvwatch.store.records import (
     foreign_marker_to_json,
 )
 
-_ALERT_KEY = ("alertname", "endpoint", "probe")
+_ALERT_KEY = ("alertname", "endpoint", "probe", "region")
 
 
 def _utcnow() -> datetime:
@@ -40,10 +40,24 @@ def _utcnow() -> datetime:
 
 
 class Store:
-    """kvwatch's database, behind one small synchronous API."""
+    """kvwatch's database, behind one small synchronous API.
 
-    def __init__(self, engine: Engine, *, now: Callable[[], datetime] = _utcnow) -> None:
+    ``region`` (multi-region mode) is the region this kvwatch runs in: it is stamped on the
+    probes written here, and slot claims and alert states are kept per region, so every
+    region runs every slot and pages on its own. Without it everything is as if there were
+    one region (stored as NULL on probes, "" in keys). Reads of history see every region.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        now: Callable[[], datetime] = _utcnow,
+        region: str | None = None,
+    ) -> None:
         self._engine = engine
+        self._region = region
+        self._region_key = region or ""
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._now = now
         self._head: str | None = None  # read from the scripts once; /readyz asks often
@@ -118,7 +132,9 @@ class Store:
     def begin_probe(self, p: NewProbe) -> int:
         """Record a probe as running, with its issued marker, before its request goes out."""
         with self._errors("could not record the start of a probe"), self._write() as s:
-            return _add_probe(s, p, state=ProbeState.RUNNING, foreign_markers=[])
+            return _add_probe(
+                s, p, state=ProbeState.RUNNING, foreign_markers=[], region=self._region
+            )
 
     def finish_probe(
         self,
@@ -157,7 +173,9 @@ class Store:
         """Write a whole probe at once, when its start could not be recorded (the database
         was unreachable): the done row, its marker and the alert states in one transaction."""
         with self._errors("could not record a probe"), self._write() as s:
-            probe_id = _add_probe(s, p, state=ProbeState.DONE, **_outcome_values(r))
+            probe_id = _add_probe(
+                s, p, state=ProbeState.DONE, region=self._region, **_outcome_values(r)
+            )
             rollups.bump(s, probe_id)
             self._upsert_alert_states(s, alert_states)
             return probe_id
@@ -191,18 +209,20 @@ class Store:
     def claim_slot(self, endpoint: str, kind: str, slot: int, replica: str, ttl: float) -> bool:
         """Claim a scheduled slot for ``replica``; True if it is now this replica's to run.
 
-        The first claim inserts the row (a unique key decides between racing replicas). A
-        claim that expired undone (its replica died mid-probe) is taken over, and the dead
-        replica's probe row for the slot is marked interrupted in the same transaction.
+        Claims are per region: each region runs the slot once. The first claim inserts the
+        row (a unique key decides between racing replicas). A claim that expired undone (its
+        replica died mid-probe) is taken over, and the dead replica's probe row for the slot
+        is marked interrupted in the same transaction.
         """
         now = self._now()
         expires = now + timedelta(seconds=ttl)
-        key = (ProbeSlot.endpoint == endpoint, ProbeSlot.kind == kind, ProbeSlot.slot == slot)
+        key = (*self._slot_key(endpoint, kind), ProbeSlot.slot == slot)
         with self._errors("could not claim a probe slot"), self._write() as s:
             insert = self._insert(s, ProbeSlot).values(
                 endpoint=endpoint,
                 kind=kind,
                 slot=slot,
+                region=self._region_key,
                 replica=replica,
                 claimed_at=now,
                 expires_at=expires,
@@ -232,6 +252,7 @@ class Store:
                     Probe.kind == kind,
                     Probe.slot == slot,
                     Probe.state == ProbeState.RUNNING.value,
+                    self._own_probes(),
                 )
                 .values(
                     state=ProbeState.INTERRUPTED.value,
@@ -251,6 +272,7 @@ class Store:
                 update(ProbeSlot)
                 .where(
                     ProbeSlot.replica == replica,
+                    ProbeSlot.region == self._region_key,
                     ProbeSlot.done.is_(False),
                     ProbeSlot.expires_at > now,
                 )
@@ -263,18 +285,19 @@ class Store:
         with self._errors("could not complete a probe slot"), self._write() as s:
             s.execute(
                 update(ProbeSlot)
-                .where(
-                    ProbeSlot.endpoint == endpoint, ProbeSlot.kind == kind, ProbeSlot.slot == slot
-                )
+                .where(*self._slot_key(endpoint, kind), ProbeSlot.slot == slot)
                 .values(done=True, probe_id=probe_id)
                 .execution_options(synchronize_session=False)
             )
 
     def expired_slots(self, since_slot: int) -> list[tuple[str, str, int]]:
-        """Slots from ``since_slot`` on whose claim expired before they were run."""
+        """This region's slots from ``since_slot`` on whose claim expired before they ran."""
         now = self._now()
         query = select(ProbeSlot.endpoint, ProbeSlot.kind, ProbeSlot.slot).where(
-            ProbeSlot.done.is_(False), ProbeSlot.expires_at < now, ProbeSlot.slot >= since_slot
+            ProbeSlot.region == self._region_key,
+            ProbeSlot.done.is_(False),
+            ProbeSlot.expires_at < now,
+            ProbeSlot.slot >= since_slot,
         )
         with self._errors("could not list expired slots"), self._sessions() as s:
             return [(e, k, int(t)) for e, k, t in s.execute(query)]
@@ -357,15 +380,18 @@ class Store:
     # -- alert states ---------------------------------------------------------------------
 
     def load_alert_states(self) -> list[AlertStateRecord]:
-        """Every persisted alert state, in a stable order."""
-        query = select(AlertState).order_by(
-            AlertState.alertname, AlertState.endpoint, AlertState.probe
+        """Every persisted alert state of this region, in a stable order."""
+        query = (
+            select(AlertState)
+            .where(AlertState.region == self._region_key)
+            .order_by(AlertState.alertname, AlertState.endpoint, AlertState.probe)
         )
         with self._errors("could not load alert states"), self._sessions() as s:
             return [_alert_record(row) for row in s.scalars(query)]
 
     def save_alert_states(self, records: Sequence[AlertStateRecord]) -> None:
-        """Insert or update the given alert states (others are left as they are)."""
+        """Insert or update the given alert states of this region (others are left as they
+        are)."""
         with self._errors("could not save alert states"), self._write() as s:
             self._upsert_alert_states(s, records)
 
@@ -446,6 +472,19 @@ class Store:
         except SQLAlchemyError as exc:
             raise StoreError(f"{what}: {_first_line(exc)}") from exc
 
+    def _slot_key(self, endpoint: str, kind: str) -> tuple[ColumnElement[bool], ...]:
+        return (
+            ProbeSlot.endpoint == endpoint,
+            ProbeSlot.kind == kind,
+            ProbeSlot.region == self._region_key,
+        )
+
+    def _own_probes(self) -> ColumnElement[bool]:
+        """Probes run in this region (IS NULL without a region)."""
+        if self._region is None:
+            return Probe.region.is_(None)
+        return Probe.region == self._region
+
     @staticmethod
     def _insert(session: Session, model: type[Any]) -> Any:
         # Both dialects offer INSERT ... ON CONFLICT with the same interface.
@@ -458,7 +497,7 @@ class Store:
         latest = {(r.alertname, r.endpoint, r.probe): r for r in records}
         if not latest:
             return
-        rows = [_alert_values(r) for r in latest.values()]
+        rows = [{**_alert_values(r), "region": self._region_key} for r in latest.values()]
         stmt = self._insert(session, AlertState)
         stmt = stmt.on_conflict_do_update(
             index_elements=list(_ALERT_KEY),
@@ -509,6 +548,7 @@ def _probe_row(row: Probe) -> ProbeRow:
         duration_seconds=row.duration_seconds,
         confirms_probe_id=row.confirms_probe_id,
         slot=row.slot,
+        region=row.region,
     )
 
 

@@ -107,6 +107,14 @@ def build_api(ctx: WebContext) -> APIRouter:
         endpoint: Annotated[str | None, Query(max_length=200, pattern=NO_NUL)] = None,
         kind: ProbeKind | None = None,
         verdict: Verdict | None = None,
+        region: Annotated[
+            str | None,
+            Query(
+                max_length=63,
+                pattern=NO_NUL,
+                description="Only probes run in this region (multi-region mode).",
+            ),
+        ] = None,
         since: Annotated[Time | None, Query(description="Started at or after (inclusive).")] = None,
         until: Annotated[Time | None, Query(description="Started before (exclusive).")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
@@ -120,6 +128,7 @@ def build_api(ctx: WebContext) -> APIRouter:
             endpoint=endpoint,
             kind=None if kind is None else kind.value,
             verdict=None if verdict is None else verdict.value,
+            region=region,
             since=s,
             until=u,
         )

@@ -70,6 +70,9 @@ class Probe(_Model):
     started_at: datetime
     finished_at: datetime | None
     replica: str
+    region: str | None = Field(
+        description="The region of the replica that ran it (multi-region mode), else null."
+    )
     model: str
     planned_prompt_tokens: int
     target_prompt_tokens: int
@@ -193,6 +196,7 @@ def probe(settings: WebSettings, r: ProbeRow, confirmed_by: list[int]) -> Probe:
         started_at=r.started_at,
         finished_at=r.finished_at,
         replica=r.replica,
+        region=r.region,
         model=r.model,
         planned_prompt_tokens=r.planned_prompt_tokens,
         target_prompt_tokens=r.target_prompt_tokens,

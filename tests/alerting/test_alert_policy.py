@@ -84,6 +84,10 @@ def test_the_runbook_url_is_anchored_on_the_lower_case_alert_name() -> None:
             "labels.severity: is set by kvwatch and cannot be overridden",
         ),
         (
+            {"static_labels": {"region": "us"}, "region": "eu"},
+            "labels.region: is set by kvwatch and cannot be overridden",
+        ),
+        (
             {"static_labels": {"team-name": "x"}},
             "labels.team-name: is not a valid Prometheus label name",
         ),

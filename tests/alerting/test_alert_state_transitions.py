@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -17,7 +18,7 @@ from kvwatch.alerting.policy import (
     WRONG_REJECTION,
     default_policy,
 )
-from kvwatch.alerting.state import AlertKey, AlertState, AlertStatus
+from kvwatch.alerting.state import AlertKey, AlertState, AlertStatus, ProbeEvent, evaluate
 from kvwatch.canary.model import Verdict as V
 from tests.alerting.alert_scenarios import T0, Scenario, Step
 
@@ -205,6 +206,58 @@ def test_annotations_carry_summary_evidence_and_runbook() -> None:
     )
     assert fired.generator_url == "http://kvwatch.test/probes/2"
     assert fired.last_probe_id == 2
+
+
+def test_in_multi_region_mode_every_alert_carries_its_region_and_names_it() -> None:
+    """A region adds a `region` label above every other label and a phrase to the description."""
+    scenario = Scenario(default_policy(static_labels={"team": "platform"}, region="eu"))
+    scenario.feed(MISSING, MISSING_CONFIRMED)
+    fired = scenario.get(CONTEXT_NOT_HONORED)
+    assert fired.labels == {
+        "alertname": CONTEXT_NOT_HONORED,
+        "severity": "critical",
+        "endpoint": "glm-prod",
+        "model": "glm-5.3",
+        "probe": "under",
+        "team": "platform",
+        "region": "eu",
+    }
+    assert fired.annotations["description"] == (
+        "The under probe 2 (a confirmation re-check) of glm-prod (glm-5.3) from region eu "
+        "ended in verdict marker_missing: test. Planned 4080 prompt tokens; the engine "
+        "reported 4080. HTTP status 200."
+    )
+
+
+def test_an_endpoint_label_named_region_cannot_shadow_the_region() -> None:
+    """Even a `region` label that slipped past config validation loses to kvwatch's own."""
+    policy = default_policy(region="eu")
+    event = ProbeEvent(
+        endpoint="glm-prod",
+        model="glm-5.3",
+        probe="over",
+        verdict=V.OVER_ACCEPTED,
+        confirm_enabled=False,
+        labels={"region": "us", "team": "inference"},
+    )
+    [fired] = evaluate({}, event, policy, T0)
+    assert (fired.labels["region"], fired.labels["team"]) == ("eu", "inference")
+
+
+def test_without_a_region_no_alert_has_a_region_label() -> None:
+    """Single-region mode: the labels are exactly the stable set, and the endpoint's own."""
+    event = ProbeEvent(
+        endpoint="glm-prod",
+        model="glm-5.3",
+        probe="over",
+        verdict=V.OVER_ACCEPTED,
+        confirm_enabled=False,
+        labels={"region": "us"},
+    )
+    [fired] = evaluate({}, event, default_policy(), T0)
+    assert fired.labels["region"] == "us"
+    assert "region" not in evaluate({}, replace(event, labels={}), default_policy(), T0)[0].labels
+    assert "region" not in fired.annotations["description"]
 
 
 def test_severity_follows_the_alert_not_the_verdict() -> None:

@@ -59,6 +59,7 @@ def test_results_filter_and_print_json_lines(config: Path, history: dict[str, in
         "marker_found": False,
         "duration_seconds": 3.0,
         "replica": "kvwatch-0",
+        "region": None,
         "reason": "foreign_marker (test)",
     }
     code, out, _ = _cli(
@@ -70,6 +71,17 @@ def test_results_filter_and_print_json_lines(config: Path, history: dict[str, in
     assert [(r["id"], r["verdict"], r["http_status"]) for r in table] == [
         (str(history["a-over"]), "pass", "400")
     ]
+
+
+def test_results_filter_by_region(config: Path, store: Store) -> None:
+    """--region lists the probes of one region, each naming it; show names it after replica."""
+    eu_probe = web._probe(Store(store.engine, region="eu"), "alpha", "under", 0, LEAKED)
+    web._probe(Store(store.engine, region="us"), "alpha", "under", 1, "KVW-AAAA-AAAA-AAA2")
+    code, out, _ = _cli("results", "--config", str(config), "--region", "eu", "--output", "json")
+    assert code == 0
+    assert [(r["id"], r["region"]) for r in map(json.loads, out.splitlines())] == [(eu_probe, "eu")]
+    code, out, _ = _cli("show", "--config", str(config), str(eu_probe))
+    assert code == 0 and "  replica:       kvwatch-0 (region eu)" in out.splitlines()
 
 
 def test_results_table_lists_newest_first_up_to_the_limit(

@@ -213,6 +213,27 @@ def test_the_replica_id_defaults_to_the_host_name() -> None:
     assert parse_config("replica: kvwatch-b\n", env={}).replica_id == "kvwatch-b"
 
 
+def test_a_region_is_optional_and_taken_from_the_environment() -> None:
+    """Without `region` kvwatch is single-region; with it, any 1-63 chars of [A-Za-z0-9_.-]."""
+    assert parse_config("log_level: debug\n", env={}).region is None
+    assert parse_config("region: eu-west-1\n", env={}).region == "eu-west-1"
+    assert parse_config("region: _a.B-9\n", env={}).region == "_a.B-9"
+    assert parse_config(f"region: {'r' * 63}\n", env={}).region == "r" * 63
+    expanded = parse_config("region: ${KVWATCH_REGION}\n", env={"KVWATCH_REGION": "us"})
+    assert expanded.region == "us"
+
+
+def test_an_endpoint_may_label_itself_region_only_without_multi_region_mode() -> None:
+    """A static `region` label is the endpoint's own business until kvwatch sets one."""
+    labelled = ENDPOINT + "    labels: {region: us}\n"
+    assert only_endpoint(parse_config(labelled, env={})).labels == {"region": "us"}
+    with pytest.raises(ConfigError) as caught:
+        parse_config("region: eu\n" + labelled, env={})
+    assert caught.value.errors == [
+        "endpoints[0].labels.region: is reserved: kvwatch sets it when region is set"
+    ]
+
+
 def test_it_resolves_local_tokenizer_specs(tmp_path: Path) -> None:
     """hf: paths become absolute against the base directory; tiktoken encodings are checked."""
     (tmp_path / "tok").mkdir()

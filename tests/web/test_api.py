@@ -25,6 +25,7 @@ def _leaked_probe(ids: dict[str, int], **overrides: Any) -> dict[str, Any]:
         "started_at": "2026-03-01T12:04:00Z",
         "finished_at": "2026-03-01T12:04:03Z",
         "replica": "kvwatch-0",
+        "region": None,
         "model": "glm-5.3",
         "planned_prompt_tokens": 8176,
         "target_prompt_tokens": 8176,
