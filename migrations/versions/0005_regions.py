@@ -2,7 +2,7 @@
 
 Revision ID: 0005
 Revises: 0004
-Create Date: 2026-12-04
+Create Date: 2026-12-02
 
 ``probes.region`` records the region of the replica that ran a probe (NULL without one).
 ``probe_slots`` and ``alert_states`` gain ``region`` in their keys, NOT NULL with "" for "no
