@@ -52,7 +52,7 @@ from kvwatch.canary.model import Rejection
 from kvwatch.engines.rejections import classify_rejection
 from kvwatch.simulator import errors
 from kvwatch.simulator.model import PLACEHOLDER_TOKENS
-from kvwatch.simulator.server import _bind, _EmbeddedServer
+from kvwatch.simulator.server import SHUTDOWN_GRACE_SECONDS, _bind, _EmbeddedServer
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 
 PROXY_FAULTS = frozenset(
@@ -526,7 +526,12 @@ async def run_proxy(
         sock = _bind(host, port)
         bound_port = sock.getsockname()[1]
         config = uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=30,
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
         )
         server = _EmbeddedServer(config)
         task = asyncio.create_task(server.serve(sockets=[sock]))

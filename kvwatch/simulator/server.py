@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import AsyncIterator, Generator, Sequence
 from typing import Any
@@ -61,6 +62,21 @@ class RunningSimulator:
         return dict(self.simulation.stats())
 
 
+# A simulated prefill or slow drip may sleep for minutes; on stop, uvicorn would wait for it.
+# A test double should stop at once: requests still open after this are cut.
+SHUTDOWN_GRACE_SECONDS = 1
+
+
+class _QuietCancel(logging.Filter):
+    """Drop uvicorn's traceback for a request cut by the shutdown grace: that is the intent."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError))
+
+
+logging.getLogger("uvicorn.error").addFilter(_QuietCancel())
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on accepted sockets whose
@@ -94,6 +110,7 @@ async def run_simulator(
         lifespan="off",
         # A stream must not be cut while a slow prefill is still "running".
         timeout_keep_alive=30,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
     )
     server = _EmbeddedServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))

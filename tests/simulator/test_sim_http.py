@@ -10,12 +10,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 from sim_helpers import QUESTION, answer_text, as_json, chat_body, sized_messages, sse_payloads
 
 from kvwatch.canary.markers import new_marker
 from kvwatch.simulator.model import NOT_FOUND
-from kvwatch.simulator.server import _bind
+from kvwatch.simulator.server import SHUTDOWN_GRACE_SECONDS, _bind, run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 
 Start = Callable[..., Any]
@@ -366,3 +367,23 @@ def test_the_listening_socket_says_tcp_so_responses_are_not_held_by_nagle() -> N
         assert sock.proto == socket.IPPROTO_TCP
     finally:
         sock.close()
+
+
+async def test_stopping_cuts_a_request_still_in_its_simulated_prefill() -> None:
+    """A 60 s prefill does not hold the simulator's shutdown beyond its short grace."""
+    endpoint = SimEndpoint(name="slow", window=4096, ttfb_delay=60)
+    async with httpx.AsyncClient(timeout=120) as client:
+        async with run_simulator([endpoint]) as sim:
+            request = asyncio.create_task(
+                client.post(f"{sim.url_for('slow')}/chat/completions", json=chat_body(64))
+            )
+            await asyncio.sleep(0.5)  # the request is in its prefill sleep
+            began = time.monotonic()
+        stopped_after = time.monotonic() - began
+        try:
+            response = await request
+        except httpx.HTTPError:
+            pass  # cut before uvicorn could say anything
+        else:
+            assert response.status_code == 500  # cut: uvicorn's reply to a cancelled request
+    assert stopped_after < SHUTDOWN_GRACE_SECONDS + 10
