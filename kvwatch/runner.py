@@ -34,7 +34,12 @@ from kvwatch.canary.model import (
     Verdict,
 )
 from kvwatch.canary.planning import PlanningError, plan_prompt
-from kvwatch.canary.sizing import SizingError, edge_prompt_tokens, target_prompt_tokens
+from kvwatch.canary.sizing import (
+    SizingError,
+    edge_prompt_tokens,
+    served_window,
+    target_prompt_tokens,
+)
 from kvwatch.canary.verdicts import judge
 from kvwatch.capacity import assess, edge_pool
 from kvwatch.config import EndpointSpec
@@ -412,7 +417,12 @@ class ProbeRunner:
                     f"the engine reports a window of {found.context_window} tokens, which no "
                     "engine serves; configure context_window"
                 )
-            target.window = found.context_window
+            target.window = served_window(
+                found.context_window,
+                rule=target.engine.rule,
+                max_prompt_tokens=found.max_prompt_tokens,
+                max_tokens=target.spec.max_tokens,
+            )
         return target.window
 
     async def _foreign_markers(self, ex: Exchange, own: str) -> list[ForeignMarker]:

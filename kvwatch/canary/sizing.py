@@ -19,6 +19,23 @@ class SizingError(ValueError):
     pass
 
 
+def served_window(
+    window: int, *, rule: AcceptanceRule, max_prompt_tokens: int | None, max_tokens: int
+) -> int:
+    """The window to probe when the engine also caps the prompt alone (TGI's max_input_tokens).
+
+    TGI refuses ``prompt > max_input_tokens`` before it checks ``prompt + max_tokens`` against
+    ``max_total_tokens``. Its defaults once were 1,024 and 2,048, so sizing by the total alone
+    planned an under probe the engine must refuse and paged a healthy endpoint. The window
+    returned puts both probes at the cap that binds first.
+    """
+    if max_prompt_tokens is None:
+        return window
+    if rule is AcceptanceRule.PROMPT_PLUS_MAX_TOKENS:
+        return min(window, max_prompt_tokens + max_tokens)
+    return min(window, max_prompt_tokens + 1)
+
+
 def target_prompt_tokens(
     kind: ProbeKind,
     *,

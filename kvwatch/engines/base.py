@@ -25,6 +25,9 @@ class Discovery:
     kv_pool_tokens: int | None = None
     model: str | None = None
     detail: str | None = None
+    # The largest prompt admitted whatever max_tokens is, when the engine has such a cap
+    # below its window (TGI's max_input_tokens): the boundary to probe is then this one.
+    max_prompt_tokens: int | None = None
 
 
 class Engine(Protocol):

@@ -107,6 +107,7 @@ class TGIEngine(OpenAIEngine):
             kv_pool_tokens=None,
             model=model if isinstance(model, str) else None,
             detail=detail,
+            max_prompt_tokens=max_input,
         )
 
 

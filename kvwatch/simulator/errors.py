@@ -225,3 +225,14 @@ def pool_limit_error(*, limit: int, prompt_tokens: int) -> ErrorBody:
         f"Input length ({prompt_tokens} tokens) exceeds the maximum allowed length ({limit} "
         "tokens). Use a shorter input or enable --allow-auto-truncate.",
     )
+
+
+def input_length_error(*, limit: int, prompt_tokens: int) -> ErrorBody:
+    """TGI's validation error for a prompt above ``max_input_tokens`` (router/src/validation.rs
+    ValidationError::InputLength), checked before the total, sent as a 422."""
+    return error_body(
+        Flavour.TGI,
+        422,
+        f"Input validation error: `inputs` must have less than {limit} tokens. "
+        f"Given: {prompt_tokens}",
+    )

@@ -240,6 +240,13 @@ def decide(spec: SimEndpoint, fault: FaultMode, pool: KVPagePool, request: ChatR
     sent = tokenizer.count(prompt_text)
     window, pool_tokens, max_tokens = spec.window, spec.pool_tokens, request.max_tokens
 
+    if (
+        flavour is Flavour.TGI
+        and sent > spec.input_limit
+        and fault is not FaultMode.ACCEPT_OVER_LIMIT
+    ):
+        # TGI validates the prompt alone first, then prompt + max_new_tokens.
+        return Reject(422, errors.input_length_error(limit=spec.input_limit, prompt_tokens=sent))
     over_window = _over_window(flavour, window, sent, max_tokens)
     if over_window and fault is not FaultMode.ACCEPT_OVER_LIMIT:
         if fault is FaultMode.WRONG_STATUS:

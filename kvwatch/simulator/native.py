@@ -160,7 +160,7 @@ async def tgi_info(request: Request) -> Response:
     return JSONResponse(
         {
             "model_id": spec.model,
-            "max_input_tokens": spec.window - 1,
+            "max_input_tokens": spec.input_limit,
             "max_total_tokens": spec.window,
             "max_concurrent_requests": 128,
             "router": "text-generation-router",

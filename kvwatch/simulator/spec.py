@@ -83,6 +83,8 @@ class SimEndpoint:
     prefill_tokens_per_second: float = 0.0  # 0 = instant
     ttfb_delay: float = 0.0
     flavour: Flavour = Flavour.VLLM
+    # TGI only: its prompt cap (default window - 1, as TGI sets it when not given).
+    max_input_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not _NAME_RE.fullmatch(self.name):
@@ -101,6 +103,18 @@ class SimEndpoint:
         # Coerce plain strings (from the CLI or YAML) into the enums, so comparisons hold.
         object.__setattr__(self, "fault", FaultMode(self.fault))
         object.__setattr__(self, "flavour", Flavour(self.flavour))
+        if self.max_input_tokens is not None:
+            if self.flavour is not Flavour.TGI:
+                raise ValueError(f"endpoint {self.name}: max_input_tokens is for the tgi flavour")
+            if not 0 < self.max_input_tokens < self.window:
+                raise ValueError(
+                    f"endpoint {self.name}: max_input_tokens must be positive and below the window"
+                )
+
+    @property
+    def input_limit(self) -> int:
+        """TGI's max_input_tokens: the largest prompt it admits whatever max_new_tokens is."""
+        return self.window - 1 if self.max_input_tokens is None else self.max_input_tokens
 
     @property
     def pool_tokens(self) -> int:

@@ -7,7 +7,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvwatch.canary.model import ProbeKind
-from kvwatch.canary.sizing import AcceptanceRule, SizingError, target_prompt_tokens
+from kvwatch.canary.sizing import (
+    AcceptanceRule,
+    SizingError,
+    served_window,
+    target_prompt_tokens,
+)
 
 VLLM = AcceptanceRule.PROMPT_PLUS_MAX_TOKENS
 LLAMA = AcceptanceRule.PROMPT_BELOW_WINDOW
@@ -62,3 +67,31 @@ def test_under_is_always_accepted_and_over_always_rejected_by_the_rule(window, m
     assert under + max_tokens == window
     assert not accepted(over)
     assert accepted(over - 1)
+
+
+def test_a_prompt_cap_below_the_window_moves_the_boundary_to_the_cap():
+    """TGI max_input_tokens 1,024 of 2,048 total: under carries 1,024 tokens, over 1,025."""
+    rule = AcceptanceRule.PROMPT_PLUS_MAX_TOKENS
+    window = served_window(2048, rule=rule, max_prompt_tokens=1024, max_tokens=32)
+    assert window == 1056
+    assert (
+        target_prompt_tokens(
+            ProbeKind.UNDER, rule=rule, window=window, max_tokens=32, baseline_tokens=200
+        )
+        == 1024
+    )
+    assert (
+        target_prompt_tokens(
+            ProbeKind.OVER, rule=rule, window=window, max_tokens=32, baseline_tokens=200
+        )
+        == 1025
+    )
+
+
+def test_a_prompt_cap_that_does_not_bind_leaves_the_window_alone():
+    """TGI's modern default (max_input_tokens = total - 1) and no cap change nothing."""
+    rule = AcceptanceRule.PROMPT_PLUS_MAX_TOKENS
+    assert served_window(2048, rule=rule, max_prompt_tokens=2047, max_tokens=32) == 2048
+    assert served_window(2048, rule=rule, max_prompt_tokens=None, max_tokens=32) == 2048
+    below = AcceptanceRule.PROMPT_BELOW_WINDOW
+    assert served_window(4096, rule=below, max_prompt_tokens=1000, max_tokens=32) == 1001

@@ -144,3 +144,21 @@ async def test_planned_and_reported_prompt_tokens_differ_by_zero(store, window):
         over = await runner.run(targets["exact"], OVER)
         assert over.verdict is Verdict.PASS
         assert over.planned_prompt_tokens == window - 32 + 1
+
+
+async def test_a_tgi_whose_input_cap_is_below_its_total_is_probed_at_the_cap(store):
+    """TGI's old defaults (1,024 input of 2,048 total), window discovered: no false page."""
+    tgi = SimEndpoint("tgi", window=2048, flavour="tgi", max_input_tokens=1024)
+    async with run_simulator([tgi]) as sim, httpx.AsyncClient(timeout=None) as client:
+        entry = sim_endpoint_entry(sim, "tgi", flavour="tgi")
+        del entry["context_window"]  # discovered from /info
+        config = config_for([entry], database="sqlite:///unused.db", defaults={"confirm": False})
+        targets, runner, _ = targets_and_runner(config, store, client)
+        under = await runner.run(targets["tgi"], UNDER)
+        assert under.verdict is Verdict.PASS, under.reason
+        assert under.planned_prompt_tokens == under.reported_prompt_tokens == 1024
+        over = await runner.run(targets["tgi"], OVER)
+        assert over.verdict is Verdict.PASS, over.reason
+        assert over.planned_prompt_tokens == 1025
+        row = store.get_probe(over.probe_id)
+        assert row is not None and "must have less than 1024 tokens" in (row.error_body or "")
