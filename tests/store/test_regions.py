@@ -17,7 +17,7 @@ from kvwatch.store.queries import HistoryQueries, ProbeFilter
 
 NewProbeFactory = Callable[..., NewProbe]
 OutcomeFactory = Callable[..., ProbeOutcome]
-T0 = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 
 class Clock:
@@ -41,6 +41,27 @@ def engine(db_url: str) -> Iterator[Engine]:
 
 def regional(engine: Engine, region: str | None, clock: Clock | None = None) -> Store:
     return Store(engine, region=region, now=clock or Clock())
+
+
+def probe_on(endpoint_id: int, **changes: object) -> NewProbe:
+    """A minimal under probe of endpoint "ep"; keyword arguments override fields."""
+    probe = NewProbe(
+        endpoint="ep",
+        endpoint_id=endpoint_id,
+        kind="under",
+        started_at=T0,
+        replica="eu-0",
+        model="m",
+        planned_prompt_tokens=1,
+        target_prompt_tokens=1,
+        max_tokens=1,
+        token_source="server",
+        tokenize_calls=1,
+        marker="KVW-AAAA-BBBB-CCCC",
+        marker_depth=0.0,
+        streamed=True,
+    )
+    return replace(probe, **changes)  # type: ignore[arg-type]
 
 
 def leak_alert(endpoint: str = "glm-prod", **changes: object) -> AlertStateRecord:
@@ -112,23 +133,7 @@ def test_a_takeover_interrupts_the_dead_replicas_probe_in_its_region_only(
     clock = Clock()
     eu, us = regional(engine, "eu", clock), regional(engine, "us", clock)
     eid = eu.upsert_endpoint("ep", "http://h/v1", "openai", "m", 4096, None, {})
-    probe = NewProbe(
-        endpoint="ep",
-        endpoint_id=eid,
-        kind="under",
-        started_at=T0,
-        replica="eu-0",
-        model="m",
-        planned_prompt_tokens=1,
-        target_prompt_tokens=1,
-        max_tokens=1,
-        token_source="server",
-        tokenize_calls=1,
-        marker="KVW-AAAA-BBBB-CCCC",
-        marker_depth=0.0,
-        streamed=True,
-        slot=1000,
-    )
+    probe = probe_on(eid, replica="eu-0", slot=1000)
     assert eu.claim_slot("ep", "under", 1000, "eu-0", ttl=60)
     dead = eu.begin_probe(probe)
     clock.now += timedelta(seconds=50)
@@ -149,21 +154,11 @@ def test_each_probe_records_its_region_and_history_filters_by_it(
     eid = stores["eu"].upsert_endpoint("ep", "http://h/v1", "openai", "m", 4096, None, {})
     ids = {}
     for n, (region, store) in enumerate(stores.items()):
-        probe = NewProbe(
-            endpoint="ep",
-            endpoint_id=eid,
-            kind="under",
+        probe = probe_on(
+            eid,
             started_at=T0 + timedelta(seconds=n),
             replica=f"{region}-0",
-            model="m",
-            planned_prompt_tokens=1,
-            target_prompt_tokens=1,
-            max_tokens=1,
-            token_source="server",
-            tokenize_calls=1,
             marker=f"KVW-AAAA-BBBB-CCC{n}",
-            marker_depth=0.0,
-            streamed=True,
         )
         if region == "us":
             ids[region] = store.record_probe(probe, make_outcome())
