@@ -16,7 +16,8 @@ Problem = tuple[KeyPath, str]
 def cross_field_problems(config: Config) -> list[Problem]:
     problems: list[Problem] = []
     defaults = config.defaults
-    if defaults.jitter >= defaults.interval:
+    # Only a jitter the user wrote can clash: the default one follows the interval.
+    if defaults.jitter is not None and defaults.jitter >= defaults.interval:
         problems.append(
             (("defaults", "jitter"), _jitter_sentence(defaults.jitter, defaults.interval))
         )

@@ -131,7 +131,9 @@ class Defaults(_Strict):
     max_tokens: PositiveInt = 32
     baseline_tokens: PositiveInt = 1536
     stream: Flag = True
-    jitter: Jitter = 30.0
+    # None: not written by the user, so each endpoint's jitter follows its own interval
+    # (see resolve.default_jitter); a jitter the user wrote is checked against the interval.
+    jitter: Jitter | None = None
     timeouts: Timeouts = Timeouts()
     # Fraction of the filler placed before the marker; 0.0 puts it at the very start.
     marker_depths: list[MarkerDepth] = Field(default=[0.0], min_length=1)

@@ -20,6 +20,17 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+# A jitter nobody wrote: 30 s, but never more than a tenth of the interval, so a short
+# interval alone (`interval: 10s`) is a valid configuration rather than a clash with a
+# default the user never saw.
+DEFAULT_JITTER_SECONDS = 30.0
+DEFAULT_JITTER_FRACTION = 0.1
+
+
+def default_jitter(interval_seconds: float) -> float:
+    """The jitter of an endpoint where neither it nor ``defaults`` sets one."""
+    return min(DEFAULT_JITTER_SECONDS, interval_seconds * DEFAULT_JITTER_FRACTION)
+
 
 @dataclass(frozen=True, slots=True)
 class EndpointSpec:
@@ -53,6 +64,8 @@ def resolve_endpoint(endpoint: Endpoint, defaults: Defaults) -> EndpointSpec:
         )
         for kind in ProbeKind
     }
+    interval = _pick(endpoint.interval, defaults.interval)
+    jitter = endpoint.jitter if endpoint.jitter is not None else defaults.jitter
     api_key = endpoint.api_key
     if endpoint.api_key_file is not None:
         api_key = endpoint.api_key_file.value
@@ -66,8 +79,8 @@ def resolve_endpoint(endpoint: Endpoint, defaults: Defaults) -> EndpointSpec:
         api_key=api_key,
         tokenizer=endpoint.tokenizer,
         probes=tuple(ProbeKind(kind) for kind in endpoint.probes),
-        interval_seconds=_pick(endpoint.interval, defaults.interval),
-        jitter_seconds=_pick(endpoint.jitter, defaults.jitter),
+        interval_seconds=interval,
+        jitter_seconds=default_jitter(interval) if jitter is None else jitter,
         # Read-only views, so a shared spec cannot be changed under another task's feet.
         timeouts=MappingProxyType(timeouts),
         max_tokens=_pick(endpoint.max_tokens, defaults.max_tokens),

@@ -83,7 +83,7 @@ def test_it_uses_the_named_defaults_for_everything_left_out() -> None:
     assert config.defaults.interval == 900.0
     assert config.defaults.max_tokens == 32
     assert config.defaults.baseline_tokens == 1536
-    assert config.defaults.jitter == 30.0
+    assert config.defaults.jitter is None  # follows each endpoint's interval
     assert config.defaults.body_limit_bytes == 4194304
     assert config.resolved_endpoints() == []
 
@@ -276,3 +276,30 @@ def test_a_zero_jitter_is_allowed():
         " jitter: 0s}\n"
     )
     assert config.resolved_endpoints()[0].jitter_seconds == 0.0
+
+
+@pytest.mark.parametrize(
+    ("text", "interval", "jitter"),
+    [
+        ("defaults: {interval: 10s}\n" + ENDPOINT, 10.0, 1.0),
+        ("defaults: {interval: 5s}\n" + ENDPOINT, 5.0, 0.5),
+        (ENDPOINT + "    interval: 10s\n", 10.0, 1.0),
+        (ENDPOINT + "    interval: 2m\n", 120.0, 12.0),
+        (ENDPOINT, 900.0, 30.0),
+    ],
+    ids=["defaults-10s", "defaults-5s", "endpoint-10s", "endpoint-2m", "default-15m"],
+)
+def test_a_short_interval_alone_gets_a_jitter_that_follows_it(
+    text: str, interval: float, jitter: float
+) -> None:
+    """Without a written jitter, the jitter is the smaller of 30 s and a tenth of the interval."""
+    spec = only_endpoint(parse_config(text, env={}))
+    assert (spec.interval_seconds, spec.jitter_seconds) == (interval, jitter)
+
+
+def test_a_jitter_written_in_defaults_applies_to_an_endpoint_with_a_longer_interval() -> None:
+    """A jitter the user wrote is kept as written, not capped to a tenth of the interval."""
+    spec = only_endpoint(
+        parse_config("defaults: {jitter: 50s}\n" + ENDPOINT + "    interval: 1m\n", env={})
+    )
+    assert spec.jitter_seconds == 50.0
