@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -20,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from kvwatch.canary.model import ProbeKind, Verdict
 from kvwatch.simulator.fleet import demo_fleet
 from kvwatch.simulator.server import run_simulator
+from kvwatch.store import NewProbe, ProbeOutcome
 from kvwatch.store.repository import Store
 from kvwatch.web.app import WebContext, create_app
 from kvwatch.web.server import embedded_server
@@ -153,3 +155,95 @@ async def test_an_operator_clicks_from_the_overview_to_a_leaks_evidence(
             await page.screenshot(path=SHOTS / f"alerts-{backend}.png", full_page=True)
         finally:
             await browser.close()
+
+
+# Endpoints whose probe lists differ: the default set, baseline only, the capacity check with
+# its edge probe, and one registered that has not finished a probe yet.
+MIXED_FLEET: dict[str, tuple[tuple[ProbeKind, Verdict], ...]] = {
+    "alpha": (
+        (ProbeKind.UNDER, Verdict.PASS),
+        (ProbeKind.OVER, Verdict.PASS),
+        (ProbeKind.BASELINE, Verdict.PASS),
+        (ProbeKind.CAPACITY, Verdict.PASS),
+    ),
+    "beta": ((ProbeKind.BASELINE, Verdict.CANARY_INEFFECTIVE),),
+    "gamma": ((ProbeKind.CAPACITY, Verdict.CAPACITY_MISMATCH), (ProbeKind.EDGE, Verdict.PASS)),
+    "delta": (),
+}
+
+
+def _record_mixed_fleet(store: Store) -> dict[int, ProbeKind]:
+    started = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    kinds: dict[int, ProbeKind] = {}
+    for name, probes in MIXED_FLEET.items():
+        endpoint_id = store.upsert_endpoint(
+            name, f"http://10.0.0.1:8000/{name}/v1", "vllm", "glm-5.3", 8192, 6144, {}
+        )
+        for minute, (kind, verdict) in enumerate(probes):
+            probe_id = store.begin_probe(
+                NewProbe(
+                    endpoint=name,
+                    endpoint_id=endpoint_id,
+                    kind=kind.value,
+                    started_at=started + timedelta(minutes=minute),
+                    replica="kvwatch-0",
+                    model="glm-5.3",
+                    planned_prompt_tokens=1536,
+                    target_prompt_tokens=1536,
+                    max_tokens=16,
+                    token_source="server",
+                    tokenize_calls=1,
+                    marker=f"KVW-{name[0].upper()}000-0000-000{minute}",
+                    marker_depth=0.0,
+                    streamed=True,
+                )
+            )
+            store.finish_probe(
+                probe_id,
+                ProbeOutcome(
+                    verdict=verdict.value,
+                    reason=f"{verdict.value} (test)",
+                    finished_at=started + timedelta(minutes=minute, seconds=1),
+                    http_status=200,
+                    duration_seconds=1.0,
+                ),
+            )
+            kinds[probe_id] = kind
+    return kinds
+
+
+async def test_every_overview_row_has_a_cell_under_each_heading(store: Store, web: str) -> None:
+    """With endpoints running different probe kinds, each row has as many cells as the header
+    and each latest-verdict badge sits under the heading of its own kind."""
+    _browser_or_skip()
+    from playwright.async_api import async_playwright
+
+    kinds = _record_mixed_fleet(store)
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page()
+            await page.goto(f"{web}/")
+            table = await page.locator("table.overview").evaluate(
+                """t => ({
+                    headings: [...t.tHead.rows[0].cells].map(c => c.textContent.trim()),
+                    rows: [...t.tBodies[0].rows].map(r => ({
+                        cells: r.cells.length,
+                        badges: [...r.cells].flatMap((c, i) =>
+                            [...c.querySelectorAll("a[href^='/probes/'] .badge")].map(b => [
+                                Number(b.closest("a").getAttribute("href").split("/").pop()),
+                                i,
+                            ])),
+                    })),
+                })"""
+            )
+        finally:
+            await browser.close()
+
+    headings = table["headings"]
+    assert headings[3:-1] == ["under", "over", "baseline", "capacity", "edge"]
+    assert [row["cells"] for row in table["rows"]] == [len(headings)] * len(MIXED_FLEET)
+    placed = {
+        probe_id: headings[column] for row in table["rows"] for probe_id, column in row["badges"]
+    }
+    assert placed == {probe_id: kind.value for probe_id, kind in kinds.items()}
