@@ -8,7 +8,7 @@ from datetime import datetime
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvwatch import __version__
-from kvwatch.canary.model import Verdict
+from kvwatch.canary.model import HEALTHY, Verdict
 
 # Up to 10 minutes: a 1M-token prefill on a busy engine legitimately takes minutes.
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180, 300, 450, 600)
@@ -20,7 +20,8 @@ class ProbeMetrics:
         self.registry = registry
         self.success = Gauge(
             "kvwatch_probe_success",
-            "1 if the last probe of this endpoint and kind passed, else 0.",
+            "1 if the last probe of this endpoint and kind was healthy (pass, or over_truncated on"
+            " an engine that truncates by design), else 0.",
             _LABELS,
             registry=registry,
         )
@@ -32,7 +33,7 @@ class ProbeMetrics:
         )
         self.last_success = Gauge(
             "kvwatch_probe_last_success_timestamp_seconds",
-            "When a probe of this endpoint and kind last passed.",
+            "When a probe of this endpoint and kind was last healthy.",
             _LABELS,
             registry=registry,
         )
@@ -69,7 +70,7 @@ class ProbeMetrics:
         )
         self.failures = Counter(
             "kvwatch_probe_failures",
-            "Probes whose verdict was not pass, by verdict.",
+            "Probes whose verdict was a finding (not pass or over_truncated), by verdict.",
             (*_LABELS, "verdict"),
             registry=registry,
         )
@@ -139,7 +140,9 @@ class ProbeMetrics:
         completion: int | None,
     ) -> None:
         ts = finished_at.timestamp()
-        passed = verdict is Verdict.PASS
+        # over_truncated is what a healthy engine without a hard limit answers: counting it
+        # as a failure would turn every Ollama's success gauge into a permanent 0.
+        passed = verdict in HEALTHY
         self.probes.labels(endpoint, kind, verdict.value).inc()
         if not passed:
             self.failures.labels(endpoint, kind, verdict.value).inc()

@@ -309,11 +309,21 @@ class ProbeRunner:
                     progress=progress,
                 )
                 foreign = await self._foreign_markers(exchange, marker)
-                verdict_of = judge_edge if kind is ProbeKind.EDGE else judge
-                judgement = verdict_of(plan, exchange, foreign)
+                if kind is ProbeKind.EDGE:
+                    judgement = judge_edge(plan, exchange, foreign)
+                else:
+                    # An engine without a hard limit is judged on how it cut the over
+                    # prompt: to the window the probe was sized against.
+                    cut_to = None if target.engine.hard_limit else target.window
+                    judgement = judge(plan, exchange, foreign, truncates_to=cut_to)
                 if plan.note and judgement.verdict is not Verdict.PASS:
                     judgement.reason = f"{judgement.reason}; {plan.note}"
-                if exchange.prompt_tokens is not None:
+                # A cut prompt's count is the window, not the prompt's size: learning from
+                # it would make every later canary of this endpoint too long.
+                if (
+                    exchange.prompt_tokens is not None
+                    and judgement.verdict is not Verdict.OVER_TRUNCATED
+                ):
                     target.counter.observe(plan.planned_tokens, exchange.prompt_tokens)
         except asyncio.CancelledError:
             if probe_id is not None:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvwatch.canary.model import Severity, Verdict
+from kvwatch.canary.model import HEALTHY, Severity, Verdict
 
 CROSS_REQUEST_LEAK = "KVWatchCrossRequestLeak"
 CONTEXT_NOT_HONORED = "KVWatchContextNotHonored"
@@ -63,14 +63,16 @@ class AlertPolicy:
     resolve_after: int
     # Boundary-probe alert held pending while the endpoint's baseline is failing.
     suppressed_by_canary: bool = True
-    recovers_on: frozenset[Verdict] = frozenset({Verdict.PASS})
+    # A healthy answer clears an alert: over_truncated too, so an Ollama paged for
+    # over_accepted by an older kvwatch resolves once its over probe is judged as it should be.
+    recovers_on: frozenset[Verdict] = HEALTHY
 
     def __post_init__(self) -> None:
         if self.fire_after < 1:
             raise PolicyError(f"alerts.{self.alertname}.fire_after: must be a positive integer")
         if self.resolve_after < 1:
             raise PolicyError(f"alerts.{self.alertname}.resolve_after: must be a positive integer")
-        if self.severity is Severity.NONE:
+        if self.severity not in (Severity.CRITICAL, Severity.WARNING):
             raise PolicyError(f"alerts.{self.alertname}.severity: must be critical or warning")
         if self.verdicts & self.recovers_on:
             raise PolicyError(f"alerts.{self.alertname}: a verdict cannot both raise and clear it")
@@ -124,7 +126,7 @@ def _defaults() -> dict[str, AlertPolicy]:
         summary: str,
         *,
         suppressed_by_canary: bool = True,
-        recovers_on: frozenset[Verdict] = frozenset({Verdict.PASS}),
+        recovers_on: frozenset[Verdict] = HEALTHY,
     ) -> AlertPolicy:
         critical = severity is Severity.CRITICAL
         return AlertPolicy(

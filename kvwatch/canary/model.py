@@ -27,6 +27,9 @@ class Verdict(enum.StrEnum):
     MARKER_MISSING = "marker_missing"
     FOREIGN_MARKER = "foreign_marker"
     OVER_ACCEPTED = "over_accepted"
+    # over, on an engine with no hard limit (Ollama): the prompt was cut to fit the window,
+    # as the engine documents, and the answer leaked nothing. Expected, and never a page.
+    OVER_TRUNCATED = "over_truncated"
     TRUNCATED = "truncated"
     UNDER_REJECTED = "under_rejected"
     WRONG_REJECTION = "wrong_rejection"
@@ -41,6 +44,8 @@ class Verdict(enum.StrEnum):
 class Severity(enum.StrEnum):
     CRITICAL = "critical"
     WARNING = "warning"
+    # Worth showing, never worth a page or a ticket: what the engine can do is all it did.
+    INFO = "info"
     NONE = "none"
 
 
@@ -49,6 +54,7 @@ SEVERITY: dict[Verdict, Severity] = {
     Verdict.MARKER_MISSING: Severity.CRITICAL,
     Verdict.FOREIGN_MARKER: Severity.CRITICAL,
     Verdict.OVER_ACCEPTED: Severity.CRITICAL,
+    Verdict.OVER_TRUNCATED: Severity.INFO,
     Verdict.TRUNCATED: Severity.CRITICAL,
     Verdict.UNDER_REJECTED: Severity.WARNING,
     Verdict.WRONG_REJECTION: Severity.WARNING,
@@ -60,6 +66,11 @@ SEVERITY: dict[Verdict, Severity] = {
     Verdict.AUTH_ERROR: Severity.WARNING,
     Verdict.THROTTLED: Severity.NONE,
 }
+
+# What a healthy endpoint answers: pass, or, for the over probe of an engine that truncates
+# instead of refusing, the truncation it documents. These keep `kvwatch probe` at exit 0,
+# set kvwatch_probe_success to 1 and clear alerts; anything else is a finding.
+HEALTHY: frozenset[Verdict] = frozenset({Verdict.PASS, Verdict.OVER_TRUNCATED})
 
 
 class ProbeState(enum.StrEnum):

@@ -13,6 +13,10 @@ class AcceptanceRule(enum.StrEnum):
     # llama.cpp server: rejected when prompt >= n_ctx (per slot); a prompt below n_ctx is
     # accepted even if the answer then has no room and is cut short.
     PROMPT_BELOW_WINDOW = "prompt_below_window"
+    # Ollama: nothing is refused. Its runner reads a prompt of up to num_ctx tokens whole and
+    # cuts a longer one to num_ctx (the first num_keep tokens and the tail: runner.go
+    # NewSequence, `len(inputs) > numCtx`), so *over* is window + 1, the smallest prompt cut.
+    PROMPT_UP_TO_WINDOW = "prompt_up_to_window"
 
 
 class SizingError(ValueError):
@@ -33,6 +37,8 @@ def served_window(
         return window
     if rule is AcceptanceRule.PROMPT_PLUS_MAX_TOKENS:
         return min(window, max_prompt_tokens + max_tokens)
+    if rule is AcceptanceRule.PROMPT_UP_TO_WINDOW:
+        return min(window, max_prompt_tokens)
     return min(window, max_prompt_tokens + 1)
 
 
@@ -49,7 +55,8 @@ def target_prompt_tokens(
 
     *under* is the largest prompt that leaves room for the answer on every engine:
     ``prompt + max_tokens = window`` (minus ``margin`` when the count is only estimated).
-    *over* is the smallest prompt the engine must reject by its own rule.
+    *over* is the smallest prompt the engine must reject by its own rule (on an engine with
+    no hard limit, the smallest prompt it must cut).
     *baseline* is short and fixed.
     """
     if window <= 0 or max_tokens <= 0:
@@ -65,6 +72,8 @@ def target_prompt_tokens(
         raise SizingError(f"{kind} probes are not sized by the window (see edge_prompt_tokens)")
     if rule is AcceptanceRule.PROMPT_PLUS_MAX_TOKENS:
         return window - max_tokens + 1 + margin
+    if rule is AcceptanceRule.PROMPT_UP_TO_WINDOW:
+        return window + 1 + margin
     return window + margin
 
 

@@ -24,8 +24,19 @@ from kvwatch.canary.model import Verdict as V
 _Make = Callable[[V, str], Judgement]
 
 
-def judge(plan: PlannedPrompt, ex: Exchange, foreign: Sequence[ForeignMarker] = ()) -> Judgement:
-    """Classify one probe. ``foreign`` are markers in the answer issued to *other* probes."""
+def judge(
+    plan: PlannedPrompt,
+    ex: Exchange,
+    foreign: Sequence[ForeignMarker] = (),
+    *,
+    truncates_to: int | None = None,
+) -> Judgement:
+    """Classify one probe. ``foreign`` are markers in the answer issued to *other* probes.
+
+    ``truncates_to`` is for an engine with no hard limit (Ollama), which cuts an over-long
+    prompt down to its window instead of refusing it: that window. ``None`` (every other
+    engine) means an over-limit prompt must be refused.
+    """
     found = ex.answer is not None and markers.contains_marker(ex.answer, plan.marker)
     drift = None if ex.prompt_tokens is None else ex.prompt_tokens - plan.planned_tokens
 
@@ -52,11 +63,13 @@ def judge(plan: PlannedPrompt, ex: Exchange, foreign: Sequence[ForeignMarker] = 
         )
 
     if plan.kind is ProbeKind.OVER:
-        return _judge_over(ex, verdict)
+        return _judge_over(plan, ex, verdict, truncates_to)
     return _judge_recall(plan, ex, found, drift, verdict)
 
 
-def _judge_over(ex: Exchange, verdict: _Make) -> Judgement:
+def _judge_over(
+    plan: PlannedPrompt, ex: Exchange, verdict: _Make, truncates_to: int | None
+) -> Judgement:
     status = ex.status or 0
     if 200 <= status < 300:
         if ex.stream_error_frame:
@@ -69,12 +82,46 @@ def _judge_over(ex: Exchange, verdict: _Make) -> Judgement:
                 f"over-limit prompt got HTTP {status} without a completion: "
                 f"{ex.error_detail or 'unusable body'}",
             )
+        if truncates_to is not None:
+            return _judge_cut(plan, ex, verdict, truncates_to)
         return verdict(V.OVER_ACCEPTED, f"over-limit prompt accepted with HTTP {status}")
     if 400 <= status < 500 and ex.rejection is Rejection.CONTEXT_LENGTH:
         return verdict(V.PASS, f"rejected with HTTP {status} context-length error")
     if 400 <= status < 500:
         return verdict(V.WRONG_REJECTION, f"rejected with HTTP {status}, not as context length")
     return verdict(V.WRONG_REJECTION, f"over-limit prompt answered HTTP {status}")
+
+
+def _judge_cut(plan: PlannedPrompt, ex: Exchange, verdict: _Make, window: int) -> Judgement:
+    """An answered over probe on an engine that truncates by design instead of refusing.
+
+    Such an engine cannot prove it enforces a limit; what it can prove is that it read no
+    more than its window. The engine's own count shows that; a leak was ruled out before.
+    """
+    planned, reported = plan.planned_tokens, ex.prompt_tokens
+    if reported is None:
+        return verdict(
+            V.ERROR,
+            "over-limit prompt answered without usage: a truncated prompt cannot be told "
+            "from one read whole",
+        )
+    if reported < planned and reported <= window:
+        # With an estimated count the prompt may have fit after all; either way the engine
+        # read no more than its window, which is all this probe can show on such an engine.
+        return verdict(
+            V.OVER_TRUNCATED,
+            f"engine read {reported} of {planned} planned prompt tokens, no more than its "
+            f"{window}-token window: it truncates instead of refusing",
+        )
+    if reported > window:
+        return verdict(
+            V.OVER_ACCEPTED,
+            f"engine read {reported} prompt tokens, more than its {window}-token window",
+        )
+    return verdict(
+        V.OVER_ACCEPTED,
+        f"over-limit prompt read whole ({reported} of {planned} tokens), not truncated",
+    )
 
 
 def _judge_recall(

@@ -33,6 +33,8 @@ class Discovery:
 class Engine(Protocol):
     flavour: str
     rule: AcceptanceRule
+    # False: the engine cuts an over-long prompt to its window instead of refusing it.
+    hard_limit: bool
 
     async def chat(
         self,

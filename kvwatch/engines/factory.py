@@ -62,6 +62,16 @@ _CHAT_ENGINES: dict[str, type[OpenAIEngine]] = {
 _RULES: dict[str, AcceptanceRule] = {"llamacpp": AcceptanceRule.PROMPT_BELOW_WINDOW}
 
 
+def has_hard_limit(flavour: str) -> bool:
+    """Whether the engine behind ``flavour`` refuses a prompt over its window (Ollama cuts it
+    to fit instead); ``ValueError`` for an unknown flavour."""
+    if flavour not in FLAVOURS:
+        raise ValueError(f"unknown engine flavour {flavour!r}")
+    # Every API of a flavour shares its engine's behaviour; the chat class is the one that
+    # records it.
+    return _CHAT_ENGINES[flavour].HARD_LIMIT
+
+
 def build_engine(
     *,
     flavour: str,

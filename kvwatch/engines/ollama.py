@@ -5,11 +5,15 @@ Sources (docs/api.md, api/types.go in ollama/ollama):
   ``{message: {role, content}, done, done_reason, prompt_eval_count, eval_count}``; streamed,
   one JSON object per line (``application/x-ndjson``), the last with ``done: true`` and the
   counts. Errors are ``{"error": "..."}`` (also as a stream line).
-- Ollama does not reject a prompt over its context: the runner logs "truncating input prompt"
-  and keeps the first ``num_keep`` tokens and the tail. So the only evidence is
-  ``prompt_eval_count`` (tokens evaluated) falling short of the plan → ``truncated``. Cached
-  prefix tokens are not evaluated again either; canaries start with a fresh marker, so only a
-  few template tokens can hit the cache (see docs/engines.md).
+- Ollama does not reject a prompt over its context: ``truncate`` defaults to true on
+  ``/api/chat``, and the runner (runner/llamarunner/runner.go ``NewSequence``) cuts a prompt
+  of more than ``num_ctx`` tokens to ``num_ctx`` — the first ``num_keep`` tokens and the
+  tail — logging "truncating input prompt". So the only evidence is ``prompt_eval_count``
+  (tokens evaluated) falling short of the plan: ``truncated`` on *under*, ``over_truncated``
+  (expected, info) on *over*. Some recent releases answer 400 "exceeds the available context
+  size" for some models instead, which the over probe passes. Cached prefix tokens are not
+  evaluated again either; canaries start with a fresh marker, so only a few template tokens
+  can hit the cache (see docs/engines.md).
 - ``POST /api/show {model}`` → ``model_info["<arch>.context_length"]`` (the model's trained
   maximum) and ``parameters`` (text, ``num_ctx N`` when the Modelfile sets it);
   ``GET /api/ps`` → ``models[].context_length``: the context the loaded runner really has.
@@ -137,9 +141,10 @@ class NDJSONReader:
 
 class OllamaEngine(OpenAIEngine):
     FLAVOUR = "ollama"
-    # Ollama never refuses an over-long prompt; sizing *over* at the window makes it the
-    # smallest prompt that gets truncated (documented: over on Ollama is over_accepted).
-    RULE = AcceptanceRule.PROMPT_BELOW_WINDOW
+    # Ollama truncates an over-long prompt instead of refusing it: *over* is sized at the
+    # smallest prompt it cuts (window + 1) and judged on the cut (docs/engines.md).
+    RULE = AcceptanceRule.PROMPT_UP_TO_WINDOW
+    HARD_LIMIT = False
 
     def __init__(self, client: httpx.AsyncClient, **options: Any) -> None:
         super().__init__(client, **options)
@@ -153,7 +158,9 @@ class OllamaEngine(OpenAIEngine):
         self, messages: Sequence[Message], *, max_tokens: int, stream: bool
     ) -> dict[str, Any]:
         # num_ctx is left alone on purpose: setting it would reload the production model
-        # with another context and probe a configuration nobody serves.
+        # with another context and probe a configuration nobody serves. So is `truncate`:
+        # `truncate: false` would make this request fail where the clients' requests are cut,
+        # and the over probe would prove a limit the clients never get.
         return {
             "model": self.model,
             "messages": [{"role": m.role, "content": m.content} for m in messages],

@@ -284,6 +284,10 @@ class OpenAIEngine:
     FLAVOUR: str = "openai"
     # When the engine rejects a prompt for its length; see kvwatch.canary.sizing.
     RULE: AcceptanceRule = AcceptanceRule.PROMPT_PLUS_MAX_TOKENS
+    # Whether the engine refuses a prompt over its window. False for an engine documented to
+    # cut such a prompt to fit instead (Ollama): its over probe can then only show the cut
+    # (over_truncated), never a refusal, and check-config says so.
+    HARD_LIMIT: bool = True
     # The tokenize dialect if the engine is known to speak one; None: found on first use.
     TOKENIZE_SHAPE: TokenizeShape | None = None
 
@@ -308,6 +312,7 @@ class OpenAIEngine:
         self._api_key = api_key
         self.body_limit_bytes = body_limit_bytes
         self.rule = self.RULE if rule is None else rule
+        self.hard_limit = self.HARD_LIMIT
         self.flavour = self.FLAVOUR if flavour is None else flavour
         # Which tokenize dialect the engine speaks; found on first use unless configured.
         shape = self.TOKENIZE_SHAPE if tokenize_shape is None else tokenize_shape

@@ -273,8 +273,11 @@ def decide(spec: SimEndpoint, fault: FaultMode, pool: KVPagePool, request: ChatR
         max_req_input_len = min(window, pool_tokens) - 1
         if sent >= max_req_input_len:
             return Reject(400, errors.pool_limit_error(limit=max_req_input_len, prompt_tokens=sent))
-    if flavour is Flavour.OLLAMA and sent >= window:
-        # The runner keeps the first OLLAMA_KEEP tokens and the tail: the marker is gone.
+    if flavour is Flavour.OLLAMA and sent > window and fault is not FaultMode.ACCEPT_OVER_LIMIT:
+        # The runner reads up to num_ctx tokens whole and cuts a longer prompt to num_ctx:
+        # the first OLLAMA_KEEP tokens and the tail (runner.go NewSequence). The marker is
+        # gone. With accept_over_limit it reads the whole prompt instead, as an engine whose
+        # context is larger than it advertises would.
         head = prompt_text[: tokenizer.char_offset(prompt_text, OLLAMA_KEEP)]
         tail = prompt_text[tokenizer.char_offset(prompt_text, sent - (window - OLLAMA_KEEP)) :]
         kept = head + tail

@@ -22,7 +22,8 @@ class FaultMode(enum.StrEnum):
     # A prompt over the KV pool silently keeps only its last / first ``kv_pool`` tokens.
     TRUNCATE_HEAD = "truncate_head"
     TRUNCATE_TAIL = "truncate_tail"
-    # No admission check: an over-window prompt is answered from its first ``window`` tokens.
+    # No admission check: an over-window prompt is answered from its first ``window`` tokens
+    # (Ollama, which has none anyway: read whole instead of cut to the window).
     ACCEPT_OVER_LIMIT = "accept_over_limit"
     # A prompt over the KV pool fails mid-stream: 200, a role chunk, then an error frame.
     STREAM_ERROR_FRAME = "stream_error_frame"

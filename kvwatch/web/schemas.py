@@ -29,7 +29,9 @@ class ProbeSummary(_Model):
     kind: str
     state: str = Field(description="running | done | interrupted")
     verdict: str | None
-    tone: str = Field(description="Colour class: ok, critical, warning, error, muted, pending.")
+    tone: str = Field(
+        description="Colour class: ok, info, critical, warning, error, muted, pending."
+    )
     started_at: datetime
     duration_seconds: float | None
     url: str = Field(description="The probe's permalink page.")

@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from kvwatch.canary.model import SEVERITY, ProbeState, Severity, Verdict
 
 # Worst first: the order in which a mixed set of probes takes its colour.
-TONES = ("critical", "warning", "error", "unknown", "pending", "muted", "ok", "none")
+# "info" is healthy but worth seeing: an engine that truncates by design (over_truncated).
+TONES = ("critical", "warning", "error", "unknown", "pending", "muted", "info", "ok", "none")
 _RANK = {tone: len(TONES) - i for i, tone in enumerate(TONES)}
 
 # Problems of the probe path rather than of the endpoint's answers: grey-amber, not amber.
@@ -19,7 +20,8 @@ _PATH_PROBLEMS = frozenset({Verdict.ERROR, Verdict.AUTH_ERROR})
 
 
 def tone(verdict: str | None, state: str = ProbeState.DONE.value) -> str:
-    """The colour class of one probe: ok, critical, warning, error, muted, pending, unknown."""
+    """The colour class of one probe: ok, info, critical, warning, error, muted, pending,
+    unknown."""
     if state != ProbeState.DONE.value or verdict is None:
         return "pending"  # running or interrupted: no verdict to colour
     try:
@@ -33,6 +35,8 @@ def tone(verdict: str | None, state: str = ProbeState.DONE.value) -> str:
         return "critical"
     if severity is Severity.WARNING:
         return "warning"
+    if severity is Severity.INFO:
+        return "info"
     return "ok" if v is Verdict.PASS else "muted"
 
 

@@ -16,6 +16,7 @@ from kvwatch.canary.sizing import (
 
 VLLM = AcceptanceRule.PROMPT_PLUS_MAX_TOKENS
 LLAMA = AcceptanceRule.PROMPT_BELOW_WINDOW
+OLLAMA = AcceptanceRule.PROMPT_UP_TO_WINDOW
 
 
 @pytest.mark.parametrize(
@@ -25,6 +26,8 @@ LLAMA = AcceptanceRule.PROMPT_BELOW_WINDOW
         (ProbeKind.OVER, VLLM, 4096 - 32 + 1),
         (ProbeKind.UNDER, LLAMA, 4096 - 32),
         (ProbeKind.OVER, LLAMA, 4096),
+        (ProbeKind.UNDER, OLLAMA, 4096 - 32),
+        (ProbeKind.OVER, OLLAMA, 4096 + 1),
         (ProbeKind.BASELINE, VLLM, 1536),
     ],
 )
@@ -51,13 +54,16 @@ def test_it_refuses_a_max_tokens_that_fills_the_window():
         )
 
 
-@given(st.integers(64, 2_000_000), st.integers(1, 63), st.sampled_from([VLLM, LLAMA]))
+@given(st.integers(64, 2_000_000), st.integers(1, 63), st.sampled_from([VLLM, LLAMA, OLLAMA]))
 def test_under_is_always_accepted_and_over_always_rejected_by_the_rule(window, max_tokens, rule):
     """Property: under satisfies the engine's rule; over violates it by the least amount."""
 
     def accepted(prompt: int) -> bool:
         if rule is VLLM:
             return prompt + max_tokens <= window
+        if rule is OLLAMA:
+            # Not refused either way: "accepted" here means read whole, not cut.
+            return prompt <= window
         return prompt < window
 
     kw = {"rule": rule, "window": window, "max_tokens": max_tokens, "baseline_tokens": 10}
@@ -95,3 +101,5 @@ def test_a_prompt_cap_that_does_not_bind_leaves_the_window_alone():
     assert served_window(2048, rule=rule, max_prompt_tokens=None, max_tokens=32) == 2048
     below = AcceptanceRule.PROMPT_BELOW_WINDOW
     assert served_window(4096, rule=below, max_prompt_tokens=1000, max_tokens=32) == 1001
+    # Ollama reads a prompt of up to the window whole: a cap is the window itself.
+    assert served_window(4096, rule=OLLAMA, max_prompt_tokens=1000, max_tokens=32) == 1000

@@ -194,3 +194,82 @@ def test_a_pass_always_rests_on_a_positive_check(kind, ex):
         assert 200 <= ex.status < 300 and j.marker_found and ex.body_parsed
         assert ex.prompt_tokens is not None and ex.prompt_tokens >= p.planned_tokens
         assert not ex.stream_error_frame and (ex.stream_terminated or not ex.streamed)
+
+
+# An engine without a hard limit (Ollama) cuts an over-long prompt to its window. Its over
+# probe is sized at window + 1 and judged on the cut (issue 13).
+WINDOW = 4096
+CUT_CASES = [
+    # (name, plan, exchange, foreign, verdict)
+    ("cut to the window", plan(OV, 4097), ok("no code", 4096), (), Verdict.OVER_TRUNCATED),
+    ("cut to half the window", plan(OV, 4097), ok("no code", 2050), (), Verdict.OVER_TRUNCATED),
+    (
+        "cut, with an estimated plan as wide as its tolerance",
+        plan(OV, 4180, tolerance=42),
+        ok("no code", 4096),
+        (),
+        Verdict.OVER_TRUNCATED,
+    ),
+    ("read whole", plan(OV, 4097), ok(prompt_tokens=4097), (), Verdict.OVER_ACCEPTED),
+    (
+        "read short of an estimate but beyond the window",
+        plan(OV, 4180, tolerance=42),
+        ok(prompt_tokens=4150),
+        (),
+        Verdict.OVER_ACCEPTED,
+    ),
+    ("cut, but leaking", plan(OV, 4097), ok(OTHER.marker, 4096), (OTHER,), Verdict.FOREIGN_MARKER),
+    ("refused after all", plan(OV, 4097), rejected(400), (), Verdict.PASS),
+    ("answered without usage", plan(OV, 4097), ok(prompt_tokens=None), (), Verdict.ERROR),
+    (
+        "answered with an error line",
+        plan(OV, 4097),
+        ok(stream_error_frame=True),
+        (),
+        Verdict.WRONG_REJECTION,
+    ),
+    ("under cut is still truncated", plan(UN), ok(prompt_tokens=2050), (), Verdict.TRUNCATED),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "planned", "exchange", "foreign", "verdict"),
+    CUT_CASES,
+    ids=[c[0] for c in CUT_CASES],
+)
+def test_an_engine_that_truncates_by_design_gets_over_truncated_for_a_visible_cut(
+    name, planned, exchange, foreign, verdict
+):
+    """On Ollama a cut over prompt is over_truncated; read whole or a leak is still critical."""
+    assert judge(planned, exchange, foreign, truncates_to=WINDOW).verdict is verdict
+
+
+def test_the_cut_is_over_accepted_on_an_engine_with_a_hard_limit():
+    """Without truncates_to (every other engine) an answered over prompt is over_accepted."""
+    assert judge(plan(OV, 4097), ok("no code", 4096)).verdict is Verdict.OVER_ACCEPTED
+
+
+def test_the_over_truncated_reason_gives_the_planned_and_read_tokens_and_the_window():
+    """The reason says how far the prompt was cut, so the evidence reads without the page."""
+    j = judge(plan(OV, 4097), ok("no code", 2050), truncates_to=WINDOW)
+    assert j.reason == (
+        "engine read 2050 of 4097 planned prompt tokens, no more than its 4096-token window:"
+        " it truncates instead of refusing"
+    )
+
+
+@given(st.sampled_from(ProbeKind), _exchanges, st.integers(1, 10_000))
+def test_truncates_to_only_softens_an_accepted_over_probe(kind, ex, window):
+    """Property: for any probe, knowing the engine truncates changes nothing but an
+    over_accepted into over_truncated, and only when usage shows the prompt cut to the window."""
+    p = plan(kind)
+    hard = judge(p, ex).verdict
+    soft = judge(p, ex, truncates_to=window).verdict
+    if soft is Verdict.OVER_TRUNCATED:
+        assert kind is ProbeKind.OVER and hard is Verdict.OVER_ACCEPTED
+        assert ex.prompt_tokens is not None
+        assert ex.prompt_tokens < p.planned_tokens and ex.prompt_tokens <= window
+    elif hard is Verdict.OVER_ACCEPTED:
+        assert soft in (Verdict.OVER_ACCEPTED, Verdict.ERROR)
+    else:
+        assert soft is hard

@@ -87,3 +87,26 @@ def test_check_config_live_refuses_an_engine_whose_pool_is_below_its_window(tmp_
         "refusing to start" in result.stderr.splitlines()
     )
     assert "ok: window 8192, KV pool 8192: OK" in result.stdout
+
+
+def test_check_config_names_each_endpoint_whose_engine_cannot_enforce_a_limit(tmp_path):
+    """An Ollama endpoint gets a NOTE naming it: its over probe cannot see a refusal."""
+    from click.testing import CliRunner
+
+    from kvwatch.cli import main
+
+    path = tmp_path / "kvwatch.yaml"
+    path.write_text(
+        GATED.replace("681280", "1048576")
+        + "  - {name: llama-local, url: 'http://127.0.0.1:11434', model: llama3.2,"
+        " flavour: ollama, context_window: 8192, tokenizer: usage}\n"
+    )
+    result = CliRunner().invoke(main, ["check-config", "--config", str(path)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        f"Checking {path}",
+        "  SUCCESS: 2 endpoints",
+        "  NOTE: llama-local: flavour ollama cannot enforce a context limit (it truncates an"
+        " over-long prompt instead of refusing it): its over probe reports over_truncated"
+        " (info, never a page), not a refusal",
+    ]

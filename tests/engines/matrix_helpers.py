@@ -79,5 +79,10 @@ async def run_probe(
         rng=random.Random(7),
     )
     exchange = await engine.chat(plan.messages, max_tokens=MAX_TOKENS, stream=stream, timeout=60)
-    judgement = judge_edge(plan, exchange) if kind == "edge" else judge(plan, exchange)
+    if kind == "edge":
+        judgement = judge_edge(plan, exchange)
+    else:
+        # As the runner does: an engine without a hard limit is judged on its cut.
+        cut_to = None if engine.hard_limit else window
+        judgement = judge(plan, exchange, truncates_to=cut_to)
     return plan, judgement

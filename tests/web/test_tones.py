@@ -12,6 +12,7 @@ EXPECTED = {
     "marker_missing": "critical",
     "foreign_marker": "critical",
     "over_accepted": "critical",
+    "over_truncated": "info",
     "truncated": "critical",
     "capacity_mismatch": "critical",
     "under_rejected": "warning",
@@ -26,7 +27,8 @@ EXPECTED = {
 
 @pytest.mark.parametrize("verdict", list(Verdict))
 def test_every_verdict_has_its_colour(verdict: Verdict) -> None:
-    """Critical verdicts are red, warnings amber, error grey-amber, throttled grey, pass green."""
+    """Critical verdicts are red, warnings amber, error grey-amber, throttled grey, pass green,
+    and an engine's documented truncation (over_truncated) blue."""
     assert tone(verdict.value) == EXPECTED[verdict.value]
     if SEVERITY[verdict] is Severity.CRITICAL:
         assert tone(verdict.value) == "critical"

@@ -1,0 +1,48 @@
+"""`kvwatch probe` as a pre-deploy gate: exit 0 only on healthy verdicts (issue 13)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from kvwatch.cli import main
+from tests.helpers.processes import simulator_process
+
+
+def _probe_over(tmp_path: Path, entry: str, name: str) -> tuple[int, dict[str, object]]:
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(
+        f"database: sqlite:///{tmp_path / 'kvwatch.db'}\nendpoints:\n  - {{{entry}}}\n"
+    )
+    result = CliRunner().invoke(
+        main, ["probe", name, "--kind", "over", "--output", "json", "--config", str(config)]
+    )
+    first = json.loads(result.stdout.splitlines()[0])
+    return result.exit_code, first
+
+
+def test_probe_exits_0_on_a_healthy_ollama_whose_over_prompt_is_cut(tmp_path: Path) -> None:
+    """Ollama cuts the over prompt as documented: over_truncated is healthy, so the gate
+    passes; an engine that accepts an over-long prompt still fails it."""
+    endpoints = (
+        "name=ol,window=4096,flavour=ollama",
+        "name=vl,window=4096,flavour=vllm,fault=accept_over_limit",
+    )
+    with simulator_process(*endpoints, log=tmp_path / "sim.log") as sim:
+        ollama_exit, ollama = _probe_over(
+            tmp_path,
+            f"name: ol, url: '{sim}/ol', model: sim-1, flavour: ollama, context_window: 4096,"
+            " tokenizer: usage",
+            "ol",
+        )
+        vllm_exit, vllm = _probe_over(
+            tmp_path,
+            f"name: vl, url: '{sim}/vl/v1', model: sim-1, flavour: vllm, context_window: 4096",
+            "vl",
+        )
+    assert (ollama_exit, ollama["verdict"]) == (0, "over_truncated")
+    # tokenizer: usage only estimates the plan, so the read count is bounded, not exact.
+    assert ollama["reported_prompt_tokens"] <= 4096
+    assert (vllm_exit, vllm["verdict"]) == (1, "over_accepted")
