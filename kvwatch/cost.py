@@ -33,11 +33,13 @@ class ProbeCost:
 
 
 def rule_for(flavour: str) -> AcceptanceRule:
-    return (
-        AcceptanceRule.PROMPT_BELOW_WINDOW
-        if flavour == "llamacpp"
-        else AcceptanceRule.PROMPT_PLUS_MAX_TOKENS
-    )
+    # Mirrors the engine adapters' RULE (kvwatch.engines), which this pure module cannot
+    # import: llama.cpp refuses prompt >= n_ctx, Ollama cuts a prompt over its window.
+    if flavour == "llamacpp":
+        return AcceptanceRule.PROMPT_BELOW_WINDOW
+    if flavour == "ollama":
+        return AcceptanceRule.PROMPT_UP_TO_WINDOW
+    return AcceptanceRule.PROMPT_PLUS_MAX_TOKENS
 
 
 def plan_costs(specs: list[EndpointSpec]) -> list[ProbeCost]:
@@ -62,6 +64,9 @@ def plan_costs(specs: list[EndpointSpec]) -> list[ProbeCost]:
             prefilled = tokens
             if kind is ProbeKind.OVER and spec.flavour in REJECT_AT_ADMISSION:
                 prefilled = 0
+            elif kind is ProbeKind.OVER and tokens is not None and spec.context_window:
+                # An engine that cuts the prompt instead (Ollama) prefills what it keeps.
+                prefilled = min(tokens, spec.context_window)
             answered = kind is not ProbeKind.OVER
             costs.append(
                 ProbeCost(

@@ -18,11 +18,12 @@ from kvwatch.canary.model import SEVERITY, Severity, Verdict
 
 
 def test_every_failing_verdict_raises_exactly_one_alert() -> None:
-    """Pass and throttled raise nothing; every other verdict raises one named alert."""
+    """Pass, over_truncated and throttled raise nothing; every other verdict raises one
+    named alert."""
     policy = default_policy()
     for verdict in Verdict:
         alert = policy.alert_for(verdict)
-        if verdict in (Verdict.PASS, Verdict.THROTTLED):
+        if verdict in (Verdict.PASS, Verdict.OVER_TRUNCATED, Verdict.THROTTLED):
             assert alert is None
         else:
             assert alert is not None, verdict
@@ -76,6 +77,11 @@ def test_the_runbook_url_is_anchored_on_the_lower_case_alert_name() -> None:
             "alerts.KVWatchProbeFailing.severity: must be critical or warning",
         ),
         (
+            # A verdict severity, but one that never pages: no alert may be sent with it.
+            {"overrides": {PROBE_FAILING: {"severity": "info"}}},
+            "alerts.KVWatchProbeFailing.severity: must be critical or warning",
+        ),
+        (
             {"overrides": {PROBE_FAILING: {"suppressed_by_canary": "yes"}}},
             "alerts.KVWatchProbeFailing.suppressed_by_canary: must be true or false",
         ),
@@ -117,3 +123,13 @@ def test_an_override_changes_only_the_named_alert() -> None:
     assert policy.alerts[PROBE_FAILING].fire_after == 5
     assert policy.alerts[PROBE_FAILING].severity is Severity.CRITICAL
     assert policy.alerts[CONTEXT_NOT_HONORED] == default_policy().alerts[CONTEXT_NOT_HONORED]
+
+
+def test_an_engines_documented_truncation_raises_nothing_and_clears_every_alert() -> None:
+    """over_truncated (Ollama's cut over prompt) is info: no alert, and a recovery for all
+    of them, so a LimitNotEnforced page from before the fix resolves."""
+    policy = default_policy()
+    assert SEVERITY[Verdict.OVER_TRUNCATED] is Severity.INFO
+    assert policy.alert_for(Verdict.OVER_TRUNCATED) is None
+    for alert in policy.alerts.values():
+        assert Verdict.OVER_TRUNCATED in alert.recovers_on, alert.alertname

@@ -34,6 +34,7 @@ LEAK = Step(V.FOREIGN_MARKER)
 LEAK_CONFIRMED = Step(V.FOREIGN_MARKER, confirmation=True)
 OVER_UNCONFIRMABLE = Step(V.OVER_ACCEPTED, probe="over", confirm_enabled=False)
 TRUNCATED = Step(V.TRUNCATED)
+OVER_CUT = Step(V.OVER_TRUNCATED, probe="over")
 TRUNCATED_CONFIRMED = Step(V.TRUNCATED, confirmation=True)
 CNH = CONTEXT_NOT_HONORED
 
@@ -63,6 +64,15 @@ TABLE = [
     ([Step(V.STREAM_ERROR)] * 3, WRONG_REJECTION, "under", "firing"),
     ([Step(V.WRONG_REJECTION, probe="over")] * 3, WRONG_REJECTION, "over", "firing"),
     ([Step(V.OVER_ACCEPTED, probe="over")] * 2, LIMIT_NOT_ENFORCED, "over", "firing"),
+    # Ollama's documented cut (issue 13): never raises, and resolves an over_accepted page.
+    ([OVER_CUT] * 3, LIMIT_NOT_ENFORCED, "over", "inactive"),
+    ([Step(V.OVER_ACCEPTED, probe="over")] * 2 + [OVER_CUT], LIMIT_NOT_ENFORCED, "over", "firing"),
+    (
+        [Step(V.OVER_ACCEPTED, probe="over")] * 2 + [OVER_CUT] * 2,
+        LIMIT_NOT_ENFORCED,
+        "over",
+        "resolved",
+    ),
     ([LEAK, LEAK_CONFIRMED], CROSS_REQUEST_LEAK, "under", "firing"),
     ([Step(V.CAPACITY_MISMATCH, probe="", confirm_enabled=False)], CAPACITY_MISMATCH, "", "firing"),
     ([BASELINE_WEAK] * 3, CANARY_INEFFECTIVE, "baseline", "firing"),

@@ -36,6 +36,15 @@ def test_a_1m_under_probe_every_five_minutes_costs_about_302m_prefill_tokens_a_d
     assert costs[ProbeKind.CAPACITY].prefill_tokens_per_day == 0
 
 
+def test_an_ollama_over_probe_is_one_token_past_its_window_and_prefills_the_window():
+    """Ollama cuts rather than refuses: the over prompt is window + 1 and the cut costs a
+    full window of prefill."""
+    text = ONE_M.replace("vllm", "ollama").replace("1048576", "8192").replace("5m", "1h")
+    costs = {c.kind: c for c in plan_costs(parse_config(text).resolved_endpoints())}
+    assert costs[ProbeKind.OVER].prompt_tokens == 8193
+    assert costs[ProbeKind.OVER].prefill_tokens_per_day == 8192 * 24
+
+
 def test_plan_prints_tokens_per_day_and_a_total(tmp_path):
     """`kvwatch plan` shows each probe's daily cost and the total prefill."""
     (tmp_path / "kvwatch.yaml").write_text(ONE_M)
