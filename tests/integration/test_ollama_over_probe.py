@@ -103,3 +103,25 @@ async def test_an_ollama_answering_from_stale_cache_pages(tmp_path: Path) -> Non
         assert len(verdicts) == 2  # critical: confirmed at once
         assert set(raised(kv)) <= {"KVWatchCrossRequestLeak", "KVWatchContextNotHonored"}
         assert "firing" in raised(kv).values()
+
+
+class RecordingCounter(SimCounter):
+    """A SimCounter that keeps what the runner asked it to learn from."""
+
+    def __init__(self) -> None:
+        super().__init__(exact=False)
+        self.observed: list[tuple[int, int]] = []
+
+    def observe(self, planned: int, reported: int) -> None:
+        self.observed.append((planned, reported))
+
+
+async def test_a_cut_over_prompt_is_not_learnt_as_the_prompts_size(tmp_path: Path) -> None:
+    """The window an over prompt was cut to says nothing of the prompt's size: calibrating
+    on it would make every later canary too long. Under and baseline still calibrate."""
+    counter = RecordingCounter()
+    async with ollama(tmp_path, counter=counter) as (_sim, kv):
+        assert await probe(kv, BASE) == [Verdict.PASS]
+        assert await probe(kv, OVER) == [Verdict.OVER_TRUNCATED]
+    [(_planned, reported)] = counter.observed
+    assert reported < WINDOW // 2  # the baseline's, not the over probe's window-sized count
