@@ -66,7 +66,7 @@ class Probe(_Model):
     kind: str
     state: str
     verdict: str | None
-    severity: str | None = Field(description="critical | warning | none (DESIGN §2).")
+    severity: str | None = Field(description="critical | warning | info | none (DESIGN §2).")
     tone: str
     reason: str | None
     started_at: datetime
