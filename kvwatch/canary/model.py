@@ -26,6 +26,8 @@ class Verdict(enum.StrEnum):
     PASS = "pass"
     MARKER_MISSING = "marker_missing"
     FOREIGN_MARKER = "foreign_marker"
+    # A marker issued under one tenant's credentials in an answer given to another tenant.
+    CROSS_TENANT_LEAK = "cross_tenant_leak"
     OVER_ACCEPTED = "over_accepted"
     TRUNCATED = "truncated"
     UNDER_REJECTED = "under_rejected"
@@ -48,6 +50,7 @@ SEVERITY: dict[Verdict, Severity] = {
     Verdict.PASS: Severity.NONE,
     Verdict.MARKER_MISSING: Severity.CRITICAL,
     Verdict.FOREIGN_MARKER: Severity.CRITICAL,
+    Verdict.CROSS_TENANT_LEAK: Severity.CRITICAL,
     Verdict.OVER_ACCEPTED: Severity.CRITICAL,
     Verdict.TRUNCATED: Severity.CRITICAL,
     Verdict.UNDER_REJECTED: Severity.WARNING,
@@ -122,6 +125,9 @@ class ForeignMarker:
     probe_id: int
     endpoint: str
     issued_at: datetime
+    # The tenant (config name, never its key) whose credentials the probe was sent with;
+    # None when it used the endpoint's own api_key.
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

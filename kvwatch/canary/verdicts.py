@@ -24,8 +24,16 @@ from kvwatch.canary.model import Verdict as V
 _Make = Callable[[V, str], Judgement]
 
 
-def judge(plan: PlannedPrompt, ex: Exchange, foreign: Sequence[ForeignMarker] = ()) -> Judgement:
-    """Classify one probe. ``foreign`` are markers in the answer issued to *other* probes."""
+def judge(
+    plan: PlannedPrompt,
+    ex: Exchange,
+    foreign: Sequence[ForeignMarker] = (),
+    *,
+    tenant: str | None = None,
+) -> Judgement:
+    """Classify one probe. ``foreign`` are markers in the answer issued to *other* probes;
+    ``tenant`` is the tenant whose credentials this probe was sent with (None: the
+    endpoint's own key)."""
     found = ex.answer is not None and markers.contains_marker(ex.answer, plan.marker)
     drift = None if ex.prompt_tokens is None else ex.prompt_tokens - plan.planned_tokens
 
@@ -42,7 +50,17 @@ def judge(plan: PlannedPrompt, ex: Exchange, foreign: Sequence[ForeignMarker] = 
     if status == 429:
         return verdict(V.THROTTLED, "HTTP 429: throttled, retry later")
 
-    # A leak is proof of a broken engine whatever else happened on this request.
+    # A leak is proof of a broken engine whatever else happened on this request. One that
+    # crosses tenants is the incident itself (a customer sees another's data), so it wins.
+    crossed = cross_tenant_markers(foreign, tenant)
+    if crossed:
+        first = crossed[0]
+        return verdict(
+            V.CROSS_TENANT_LEAK,
+            f"answer given to tenant {tenant} holds the marker of probe {first.probe_id} "
+            f"issued under tenant {first.tenant} ({first.endpoint}, "
+            f"issued {first.issued_at.isoformat()})",
+        )
     if foreign:
         first = foreign[0]
         return verdict(
@@ -54,6 +72,19 @@ def judge(plan: PlannedPrompt, ex: Exchange, foreign: Sequence[ForeignMarker] = 
     if plan.kind is ProbeKind.OVER:
         return _judge_over(ex, verdict)
     return _judge_recall(plan, ex, found, drift, verdict)
+
+
+def cross_tenant_markers(
+    foreign: Sequence[ForeignMarker], tenant: str | None
+) -> list[ForeignMarker]:
+    """The foreign markers issued under a tenant other than ``tenant``.
+
+    Both sides must be named tenants: a marker of kvwatch's own identity (the endpoint's
+    ``api_key``), or one seen by it, is a cross-request leak but names no customer.
+    """
+    if tenant is None:
+        return []
+    return [f for f in foreign if f.tenant is not None and f.tenant != tenant]
 
 
 def _judge_over(ex: Exchange, verdict: _Make) -> Judgement:
