@@ -286,8 +286,10 @@ def test_it_resolves_tenants_with_their_keys_from_env_and_files(tmp_path: Path) 
     path.write_text(
         ENDPOINT
         + "    tenants:\n"
-        + "      - {name: acme, api_key: ${ACME_KEY}}\n"
-        + f"      - {{name: globex, api_key_file: {key_file}}}\n",
+        + "      - name: acme\n"
+        + "        api_key: ${ACME_KEY}\n"
+        + "      - name: globex\n"
+        + f"        api_key_file: {key_file}\n",
         encoding="utf-8",
     )
     spec = only_endpoint(load_config(path, env={"ACME_KEY": "sk-acme"}))
