@@ -5,22 +5,30 @@ a real Alertmanager with both tenants in the labels.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from kvwatch.canary.model import ProbeKind, Verdict
 from kvwatch.config import Config
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
-from tests.helpers.alertmanager import AlertmanagerProcess, RecordingServer
+from tests.helpers.alertmanager import AlertmanagerProcess, RecordingServer, running_alertmanager
 from tests.helpers.targets import config_for, sim_endpoint_entry
-from tests.integration.test_paging import (  # noqa: F401 (fixtures)
-    active,
-    alertmanager,
-    eventually,
-    kvwatch,
-    notified,
-    webhook,
-)
+from tests.integration.test_paging import active, eventually, kvwatch, notified
+
+
+@pytest.fixture
+def webhook() -> Iterator[RecordingServer]:
+    with RecordingServer() as server:
+        yield server
+
+
+@pytest.fixture
+def alertmanager(webhook: RecordingServer) -> Iterator[AlertmanagerProcess]:
+    yield from running_alertmanager(webhook.url)
+
 
 ACME_KEY, GLOBEX_KEY = "sk-acme-7f3k", "sk-globex-9qx2"
 FLEET = [
