@@ -40,7 +40,7 @@ from kvwatch.canary.sizing import (
     served_window,
     target_prompt_tokens,
 )
-from kvwatch.canary.verdicts import judge
+from kvwatch.canary.verdicts import cross_tenant_markers, judge
 from kvwatch.capacity import assess, edge_pool
 from kvwatch.config import EndpointSpec, TenantSpec
 from kvwatch.engines.base import Discovery, Engine, EngineAuthError, ProgressCallback
@@ -574,6 +574,17 @@ class ProbeRunner:
             reported=ex.prompt_tokens,
             completion=ex.completion_tokens,
         )
+        crossed = cross_tenant_markers(judgement.foreign, new.tenant)
+        if judgement.verdict is Verdict.CROSS_TENANT_LEAK and crossed and new.tenant:
+            source = crossed[0].tenant
+            assert source is not None  # cross_tenant_markers keeps named tenants only
+            self.metrics.observe_cross_tenant_leak(
+                endpoint=spec.name,
+                kind=kind.value,
+                source_tenant=source,
+                tenant=new.tenant,
+                at=finished,
+            )
         log.info(
             "probe",
             endpoint=spec.name,
