@@ -60,6 +60,7 @@ def test_results_filter_and_print_json_lines(config: Path, history: dict[str, in
         "duration_seconds": 3.0,
         "replica": "kvwatch-0",
         "region": None,
+        "tenant": None,
         "reason": "foreign_marker (test)",
     }
     code, out, _ = _cli(
