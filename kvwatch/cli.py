@@ -12,8 +12,8 @@ import click
 
 from kvwatch import __version__, logs
 from kvwatch.canary.model import HEALTHY, ProbeKind, Verdict
-from kvwatch.config import Config, ConfigError, capacity_violations, load_config
-from kvwatch.runner import ProbeReport
+from kvwatch.config import Config, ConfigError, EndpointSpec, capacity_violations, load_config
+from kvwatch.runner import TENANT_KINDS, ProbeReport
 from kvwatch.store.errors import StoreError
 
 DEFAULT_CONFIG = Path("kvwatch.yaml")
@@ -140,7 +140,7 @@ async def _check_live(config: Config) -> bool:
                 flavour=spec.flavour,
                 url=spec.url,
                 model=spec.model,
-                api_key=spec.api_key.get_secret_value() if spec.api_key else None,
+                api_key=_discovery_key(spec),
                 body_limit_bytes=spec.body_limit_bytes,
                 client=client,
             )
@@ -163,6 +163,13 @@ async def _check_live(config: Config) -> bool:
                     f"KV pool {found.kv_pool_tokens or 'not reported'}: OK"
                 )
     return ok
+
+
+def _discovery_key(spec: EndpointSpec) -> str | None:
+    """The key discovery is sent with: the endpoint's, else its first tenant's (as the daemon)."""
+    default = spec.default_tenant
+    key = default.api_key if default is not None else spec.api_key
+    return key.get_secret_value() if key is not None else None
 
 
 @main.command()
@@ -203,13 +210,20 @@ async def _probe(config: Config, name: str, kind: str, *, quiet: bool) -> list[P
         kinds = target.spec.probes if kind == "all" else (ProbeKind(kind),)
         reports: list[ProbeReport] = []
         for k in kinds:
+            # A gate checks every tenant: the daemon spreads them over slots, a one-shot
+            # probe has one chance, so it runs the kind under each tenant in turn.
+            tenants = target.spec.tenants if k in TENANT_KINDS else ()
+            for tenant in tenants or (None,):
+                who = "" if tenant is None else f" as {tenant.name}"
 
-            def progress(line: str, k: ProbeKind = k) -> None:
-                click.echo(f"  {name} {k.value}: {line}", err=True)
+                def progress(line: str, k: ProbeKind = k, who: str = who) -> None:
+                    click.echo(f"  {name} {k.value}{who}: {line}", err=True)
 
-            if not quiet:
-                click.echo(f"probing {name} ({k.value})…", err=True)
-            reports += await built.runner.run_checked(target, k, progress=progress)
+                if not quiet:
+                    click.echo(f"probing {name} ({k.value}{who})…", err=True)
+                reports += await built.runner.run_checked(
+                    target, k, progress=progress, tenant=tenant
+                )
         return reports
     finally:
         await built.client.aclose()
@@ -221,6 +235,7 @@ def report_json(r: ProbeReport) -> dict[str, Any]:
         "probe_id": r.probe_id,
         "endpoint": r.endpoint,
         "kind": r.kind.value,
+        "tenant": r.tenant,
         "verdict": r.verdict.value,
         "reason": r.reason,
         "status": r.status,
@@ -233,6 +248,7 @@ def report_json(r: ProbeReport) -> dict[str, Any]:
                 "marker": f.marker,
                 "probe_id": f.probe_id,
                 "endpoint": f.endpoint,
+                "tenant": f.tenant,
                 "issued_at": f.issued_at.isoformat(),
             }
             for f in r.foreign
@@ -244,7 +260,7 @@ def report_json(r: ProbeReport) -> dict[str, Any]:
 
 
 def format_table(reports: list[ProbeReport]) -> str:
-    header = (
+    header: tuple[str, ...] = (
         "ID",
         "ENDPOINT",
         "KIND",
@@ -255,11 +271,16 @@ def format_table(reports: list[ProbeReport]) -> str:
         "MARKER",
         "REASON",
     )
+    # The tenant column appears only for endpoints with tenants: other output is unchanged.
+    tenanted = any(r.tenant is not None for r in reports)
+    if tenanted:
+        header = (*header[:3], "TENANT", *header[3:])
     rows = [header] + [
         (
             str(r.probe_id),
             r.endpoint,
             r.kind.value + (" (confirm)" if r.confirms_probe_id else ""),
+            *((r.tenant or "-",) if tenanted else ()),
             r.verdict.value,
             "-" if r.status is None else str(r.status),
             "-" if r.planned_prompt_tokens is None else str(r.planned_prompt_tokens),
@@ -289,6 +310,7 @@ def format_table(reports: list[ProbeReport]) -> str:
     help="Only this verdict.",
 )
 @click.option("--region", default=None, help="Only probes run in this region (multi-region mode).")
+@click.option("--tenant", default=None, help="Only probes sent with this tenant's credentials.")
 @click.option(
     "--since", default=None, help="Only probes started since: a duration ago (24h) or an ISO time."
 )
@@ -305,6 +327,7 @@ def results(
     kind: str | None,
     verdict: str | None,
     region: str | None,
+    tenant: str | None,
     since: str | None,
     until: str | None,
     limit: int,
@@ -329,7 +352,13 @@ def results(
     config = _load(config_path)
     engine = create_engine_for(config.database)
     filters = ProbeFilter(
-        endpoint=endpoint, kind=kind, verdict=verdict, region=region, since=start, until=end
+        endpoint=endpoint,
+        kind=kind,
+        verdict=verdict,
+        region=region,
+        tenant=tenant,
+        since=start,
+        until=end,
     )
     rows: list[Any] = []
     try:
@@ -357,6 +386,7 @@ def results(
         "duration_seconds",
         "replica",
         "region",
+        "tenant",
         "reason",
     )
     records = [
@@ -431,6 +461,8 @@ def _probe_text(p: Any) -> str:
         f"  kind:          {p.kind}"
         + (f", confirming probe {p.confirms_probe_id}" if p.confirms_probe_id else ""),
     ]
+    if p.tenant:
+        lines.append(f"  tenant:        {p.tenant}")
     if p.confirmed_by:
         lines.append(f"  confirmed by:  {', '.join(f'probe {i}' for i in p.confirmed_by)}")
     lines += [
@@ -439,7 +471,8 @@ def _probe_text(p: Any) -> str:
     for f in p.foreign_markers:
         lines.append(
             f"  LEAKED MARKER: {f.marker} of probe {f.probe_id} ({f.endpoint}, "
-            f"issued {f.issued_at.isoformat()})"
+            + (f"tenant {f.tenant}, " if f.tenant else "")
+            + f"issued {f.issued_at.isoformat()})"
         )
     lines += [
         f"  HTTP status:   {p.http_status if p.http_status is not None else '-'}"

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import structlog
 from prometheus_client import CollectorRegistry
+from pydantic import SecretStr
 
 from kvwatch import __version__
 from kvwatch.alerting.alertmanager import AlertmanagerSettings, TLSSettings
@@ -25,6 +26,7 @@ from kvwatch.alerting.delivery import Delivery
 from kvwatch.alerting.evaluator import AlertEvaluator
 from kvwatch.alerting.policy import default_policy
 from kvwatch.config import Config, ConfigError, EndpointSpec, capacity_violations, load_config
+from kvwatch.engines.base import Engine
 from kvwatch.engines.factory import build_engine
 from kvwatch.metrics import ConfigMetrics, ProbeMetrics
 from kvwatch.retention import retention_loop
@@ -148,14 +150,22 @@ def build_targets(
             spec.kv_pool_tokens,
             dict(spec.labels),
         )
-        engine = build_engine(
-            flavour=spec.flavour,
-            url=spec.url,
-            model=spec.model,
-            api_key=spec.api_key.get_secret_value() if spec.api_key else None,
-            body_limit_bytes=spec.body_limit_bytes,
-            client=client,
-        )
+
+        def engine_with(key: SecretStr | None, spec: EndpointSpec = spec) -> Engine:
+            return build_engine(
+                flavour=spec.flavour,
+                url=spec.url,
+                model=spec.model,
+                api_key=key.get_secret_value() if key else None,
+                body_limit_bytes=spec.body_limit_bytes,
+                client=client,
+            )
+
+        # One adapter per tenant (cheap: they share the HTTP client), so a tenant's key is
+        # only ever sent on that tenant's canaries.
+        tenant_engines = {tenant.name: engine_with(tenant.api_key) for tenant in spec.tenants}
+        default = spec.default_tenant
+        engine = tenant_engines[default.name] if default is not None else engine_with(spec.api_key)
         cache = caches.setdefault((spec.flavour, spec.model), PieceCache())
         counter = build_counter(spec.tokenizer, engine, cache)
         metrics.register_endpoint(
@@ -164,7 +174,15 @@ def build_targets(
             spec.flavour,
             {kind.value: spec.interval_seconds for kind in spec.probes},
         )
-        targets.append(Target(spec=spec, endpoint_id=endpoint_id, engine=engine, counter=counter))
+        targets.append(
+            Target(
+                spec=spec,
+                endpoint_id=endpoint_id,
+                engine=engine,
+                counter=counter,
+                tenant_engines=tenant_engines,
+            )
+        )
     return targets
 
 

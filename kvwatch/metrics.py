@@ -92,6 +92,17 @@ class ProbeMetrics:
             ("endpoint", "model", "flavour"),
             registry=registry,
         )
+        # Tenant names are bounded by configuration, and only the latest pair per endpoint
+        # and kind is kept: one series each, never tenants² of them.
+        self.cross_tenant_leak = Gauge(
+            "kvwatch_cross_tenant_leak_timestamp_seconds",
+            "Unix time of the latest cross-tenant leak seen by this endpoint's probes of this "
+            "kind, labelled with the tenant served and the tenant whose marker it held.",
+            (*_LABELS, "source_tenant", "tenant"),
+            registry=registry,
+        )
+        # The pair each (endpoint, kind) series is labelled with now, to replace it.
+        self._leak_pairs: dict[tuple[str, str], tuple[str, str]] = {}
         self.interrupted = Counter(
             "kvwatch_probes_interrupted",
             "Probes marked interrupted (shutdown, crash recovery).",
@@ -120,12 +131,27 @@ class ProbeMetrics:
             self.reported_tokens,
         )
         for kind in kinds:
+            self._drop_leak_pair(endpoint, kind)
             for gauge in per_kind:
                 with contextlib.suppress(KeyError):
                     gauge.remove(endpoint, kind)
             for verdict in Verdict:
                 with contextlib.suppress(KeyError):
                     self.last_verdict.remove(endpoint, kind, verdict.value)
+
+    def observe_cross_tenant_leak(
+        self, *, endpoint: str, kind: str, source_tenant: str, tenant: str, at: datetime
+    ) -> None:
+        """Record a cross-tenant leak; the series of the previous pair, if any, goes."""
+        self._drop_leak_pair(endpoint, kind)
+        self.cross_tenant_leak.labels(endpoint, kind, source_tenant, tenant).set(at.timestamp())
+        self._leak_pairs[(endpoint, kind)] = (source_tenant, tenant)
+
+    def _drop_leak_pair(self, endpoint: str, kind: str) -> None:
+        pair = self._leak_pairs.pop((endpoint, kind), None)
+        if pair is not None:
+            with contextlib.suppress(KeyError):
+                self.cross_tenant_leak.remove(endpoint, kind, *pair)
 
     def observe(
         self,

@@ -14,7 +14,7 @@ import dataclasses
 import random
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
@@ -40,9 +40,9 @@ from kvwatch.canary.sizing import (
     served_window,
     target_prompt_tokens,
 )
-from kvwatch.canary.verdicts import judge
+from kvwatch.canary.verdicts import cross_tenant_markers, judge
 from kvwatch.capacity import assess, edge_pool
-from kvwatch.config import EndpointSpec
+from kvwatch.config import EndpointSpec, TenantSpec
 from kvwatch.engines.base import Discovery, Engine, EngineAuthError, ProgressCallback
 from kvwatch.metrics import ProbeMetrics
 from kvwatch.store.errors import StoreError, StoreUnavailable
@@ -59,6 +59,24 @@ ERROR_BODY_CHARS = 2000
 
 log = structlog.get_logger("kvwatch.probe")
 
+# The kinds that rotate through an endpoint's tenants: the canaries that fill the KV cache
+# (under) or probe past it (edge), where one request's pages can reach another's answer.
+TENANT_KINDS = frozenset({ProbeKind.UNDER, ProbeKind.EDGE})
+
+
+def tenant_for_slot(
+    tenants: Sequence[TenantSpec], slot: int, interval_seconds: float
+) -> TenantSpec:
+    """The tenant a scheduled slot runs under: slot number k (slots are multiples of the
+    interval since the epoch) goes to tenant k mod n.
+
+    Consecutive slots go to different tenants, so each under probe follows another tenant's
+    on the engine (its pages are the freshest a stale cache can serve), every tenant is
+    probed every n intervals, and a slot costs what it costs without tenants. Every replica
+    and region computes the same tenant for the same slot, with no coordination.
+    """
+    return tenants[int(slot // interval_seconds) % len(tenants)]
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -74,6 +92,24 @@ class Target:
     counter: TokenCounter
     window: int | None = None  # configured, else discovered on first use
     discovery: Discovery | None = None  # the engine's last self-report (capacity check)
+    # One adapter per tenant, each sending that tenant's key (spec.tenants); ``engine``
+    # sends the endpoint's api_key, or the first tenant's when it has none.
+    tenant_engines: Mapping[str, Engine] = field(default_factory=dict)
+
+    def engine_for(self, tenant: TenantSpec | None) -> Engine:
+        return self.engine if tenant is None else self.tenant_engines[tenant.name]
+
+    def tenant_of(
+        self, kind: ProbeKind, slot: int | None, chosen: TenantSpec | None = None
+    ) -> TenantSpec | None:
+        """Whose credentials a probe of ``kind`` is sent with: ``chosen`` if given, the
+        slot's turn for an under or edge probe, else the endpoint's default identity."""
+        spec = self.spec
+        if chosen is not None:
+            return chosen
+        if spec.tenants and kind in TENANT_KINDS and slot is not None:
+            return tenant_for_slot(spec.tenants, slot, spec.interval_seconds)
+        return spec.default_tenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +130,7 @@ class ProbeReport:
     duration_seconds: float | None
     confirms_probe_id: int | None
     finished_at: datetime
+    tenant: str | None = None  # whose credentials it was sent with; None: the endpoint's key
 
 
 class AlertHook(Protocol):
@@ -167,12 +204,17 @@ class ProbeRunner:
         *,
         slot: int | None = None,
         scheduled: datetime | None = None,
+        tenant: TenantSpec | None = None,
     ) -> list[ProbeReport]:
         """Run a probe and, on a critical verdict, its confirmation probe at once.
 
         A capacity check that finds the KV pool smaller than the window goes on to the edge
-        probe, just over the pool: exactly where the incident happened.
+        probe, just over the pool: exactly where the incident happened. With tenants, an
+        under or edge probe runs under the slot's tenant (``tenant`` overrides it), and its
+        confirmation under the same one: it re-checks what that tenant was served.
         """
+        if kind is not ProbeKind.CAPACITY:
+            tenant = target.tenant_of(kind, slot, tenant)
         if kind is ProbeKind.CAPACITY:
             first_check = await self._run_capacity(target, slot=slot, scheduled=scheduled)
             if first_check is None:
@@ -180,7 +222,9 @@ class ProbeRunner:
             reports = [first_check]
         else:
             reports = [
-                await self.run(target, kind, progress=progress, slot=slot, scheduled=scheduled)
+                await self.run(
+                    target, kind, progress=progress, slot=slot, scheduled=scheduled, tenant=tenant
+                )
             ]
         first = reports[0]
         if target.spec.confirm and SEVERITY[first.verdict] is Severity.CRITICAL:
@@ -189,11 +233,20 @@ class ProbeRunner:
                 reports += [again] if again is not None else []
             else:
                 confirm = await self.run(
-                    target, kind, confirms=first.probe_id, progress=progress, slot=slot
+                    target,
+                    kind,
+                    confirms=first.probe_id,
+                    progress=progress,
+                    slot=slot,
+                    tenant=tenant,
                 )
                 reports.append(confirm)
         if kind is ProbeKind.CAPACITY and reports[-1].verdict is Verdict.CAPACITY_MISMATCH:
-            reports += await self.run_checked(target, ProbeKind.EDGE, progress=progress)
+            # The edge probe takes its tenant from the capacity slot's turn (no slot of its own).
+            edge_tenant = target.tenant_of(ProbeKind.EDGE, slot) if slot is not None else tenant
+            reports += await self.run_checked(
+                target, ProbeKind.EDGE, progress=progress, tenant=edge_tenant
+            )
         return reports
 
     async def _run_capacity(
@@ -251,6 +304,7 @@ class ProbeRunner:
             token_source="discovery",
             marker="",
             streamed=False,
+            tenant=target.spec.default_tenant,
         )
         probe_id = await self.results.begin(new)
         return await self._finish(
@@ -266,8 +320,14 @@ class ProbeRunner:
         progress: ProgressCallback | None = None,
         slot: int | None = None,
         scheduled: datetime | None = None,
+        tenant: TenantSpec | None = None,
     ) -> ProbeReport:
+        """One probe. ``tenant``: whose credentials the canary is sent with (default: the
+        endpoint's identity, see :meth:`Target.tenant_of`); planning always uses the
+        endpoint's own, as token counts do not depend on who asks."""
         spec = target.spec
+        tenant = tenant or spec.default_tenant
+        tenant_name = None if tenant is None else tenant.name
         marker = markers.new_marker()
         started = self.clock()
         plan: PlannedPrompt | None = None
@@ -293,6 +353,7 @@ class ProbeRunner:
             marker=marker,
             streamed=spec.stream,
             plan=plan,
+            tenant=tenant,
         )
         probe_id = await self.results.begin(new)
         try:
@@ -301,7 +362,7 @@ class ProbeRunner:
                 exchange = Exchange(error_detail=failure.reason)
                 judgement = failure
             else:
-                exchange = await target.engine.chat(
+                exchange = await target.engine_for(tenant).chat(
                     plan.messages,
                     max_tokens=plan.max_tokens,
                     stream=spec.stream,
@@ -310,12 +371,14 @@ class ProbeRunner:
                 )
                 foreign = await self._foreign_markers(exchange, marker)
                 if kind is ProbeKind.EDGE:
-                    judgement = judge_edge(plan, exchange, foreign)
+                    judgement = judge_edge(plan, exchange, foreign, tenant=tenant_name)
                 else:
                     # An engine without a hard limit is judged on how it cut the over
                     # prompt: to the window the probe was sized against.
                     cut_to = None if target.engine.hard_limit else target.window
-                    judgement = judge(plan, exchange, foreign, truncates_to=cut_to)
+                    judgement = judge(
+                        plan, exchange, foreign, truncates_to=cut_to, tenant=tenant_name
+                    )
                 if plan.note and judgement.verdict is not Verdict.PASS:
                     judgement.reason = f"{judgement.reason}; {plan.note}"
                 # A cut prompt's count is the window, not the prompt's size: learning from
@@ -354,6 +417,7 @@ class ProbeRunner:
         marker: str,
         streamed: bool,
         plan: PlannedPrompt | None = None,
+        tenant: TenantSpec | None = None,
     ) -> NewProbe:
         return NewProbe(
             endpoint=target.spec.name,
@@ -372,6 +436,7 @@ class ProbeRunner:
             streamed=streamed,
             confirms_probe_id=confirms,
             slot=slot,
+            tenant=None if tenant is None else tenant.name,
         )
 
     async def _plan(self, target: Target, kind: ProbeKind, marker: str) -> PlannedPrompt:
@@ -481,6 +546,7 @@ class ProbeRunner:
             duration_seconds=ex.total_seconds,
             confirms_probe_id=confirms,
             finished_at=finished,
+            tenant=new.tenant,
         )
         alert_states = self.alert_hook.evaluate(report, target) if self.alert_hook else ()
         outcome = ProbeOutcome(
@@ -520,6 +586,17 @@ class ProbeRunner:
             reported=ex.prompt_tokens,
             completion=ex.completion_tokens,
         )
+        crossed = cross_tenant_markers(judgement.foreign, new.tenant)
+        if judgement.verdict is Verdict.CROSS_TENANT_LEAK and crossed and new.tenant:
+            source = crossed[0].tenant
+            assert source is not None  # cross_tenant_markers keeps named tenants only
+            self.metrics.observe_cross_tenant_leak(
+                endpoint=spec.name,
+                kind=kind.value,
+                source_tenant=source,
+                tenant=new.tenant,
+                at=finished,
+            )
         log.info(
             "probe",
             endpoint=spec.name,
@@ -533,6 +610,8 @@ class ProbeRunner:
             reported_prompt_tokens=ex.prompt_tokens,
             marker_found=judgement.marker_found,
             foreign_probe_ids=[f.probe_id for f in judgement.foreign],
+            tenant=new.tenant,
+            foreign_tenants=sorted({f.tenant for f in judgement.foreign if f.tenant}),
             ttfb_seconds=_round(ex.ttfb_seconds),
             duration_seconds=_round(ex.total_seconds),
             tokenize_calls=plan.tokenize_calls if plan else 0,

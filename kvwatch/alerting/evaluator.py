@@ -66,6 +66,7 @@ class AlertEvaluator:
             # A result still waiting for the database has no page to link to yet.
             generator_url=(None if report.probe_id is None else self._probe_url(report.probe_id)),
             labels=dict(spec.labels),
+            tenant=report.tenant,
         )
         changes = evaluate(self._states, event, self._policy, self._clock())
         return [AlertStateRecord(**dataclasses.asdict(c)) for c in changes]

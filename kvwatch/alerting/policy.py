@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from kvwatch.canary.model import HEALTHY, Severity, Verdict
 
 CROSS_REQUEST_LEAK = "KVWatchCrossRequestLeak"
+CROSS_TENANT_LEAK = "KVWatchCrossTenantLeak"
 CONTEXT_NOT_HONORED = "KVWatchContextNotHonored"
 LIMIT_NOT_ENFORCED = "KVWatchLimitNotEnforced"
 CAPACITY_MISMATCH = "KVWatchCapacityMismatch"
@@ -34,6 +35,9 @@ _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 RESERVED_LABELS = frozenset({"alertname", "severity", "endpoint", "model", "probe"})
 # Set by kvwatch only in multi-region mode; without a region it is an ordinary label.
 REGION_LABEL = "region"
+# Set by kvwatch on alerts with ``tenant_labels``: who was served whose data.
+TENANT_LABEL = "tenant"
+SOURCE_TENANT_LABEL = "source_tenant"
 _TUNABLE = frozenset({"fire_after", "resolve_after", "suppressed_by_canary", "severity"})
 
 # Every verdict that is not an error of the probe itself shows the probe ran to completion,
@@ -66,6 +70,9 @@ class AlertPolicy:
     # A healthy answer clears an alert: over_truncated too, so an Ollama paged for
     # over_accepted by an older kvwatch resolves once its over probe is judged as it should be.
     recovers_on: frozenset[Verdict] = HEALTHY
+    # Labelled with the tenant served (``tenant``) and the one its marker came from
+    # (``source_tenant``), taken from the probe that fires it.
+    tenant_labels: bool = False
 
     def __post_init__(self) -> None:
         if self.fire_after < 1:
@@ -127,6 +134,7 @@ def _defaults() -> dict[str, AlertPolicy]:
         *,
         suppressed_by_canary: bool = True,
         recovers_on: frozenset[Verdict] = HEALTHY,
+        tenant_labels: bool = False,
     ) -> AlertPolicy:
         critical = severity is Severity.CRITICAL
         return AlertPolicy(
@@ -142,6 +150,7 @@ def _defaults() -> dict[str, AlertPolicy]:
             resolve_after=2 if critical else 1,
             suppressed_by_canary=suppressed_by_canary,
             recovers_on=recovers_on,
+            tenant_labels=tenant_labels,
         )
 
     critical, warning = Severity.CRITICAL, Severity.WARNING
@@ -153,6 +162,20 @@ def _defaults() -> dict[str, AlertPolicy]:
             "{endpoint} answered the {probe} canary with another request's data",
             # A leaked marker is proof whatever the model's recall ability: always pages.
             suppressed_by_canary=False,
+        ),
+        alert(
+            critical,
+            CROSS_TENANT_LEAK,
+            {Verdict.CROSS_TENANT_LEAK},
+            "{endpoint} answered tenant {tenant}'s {probe} canary with tenant "
+            "{source_tenant}'s data",
+            # One customer's data reached another: pages whatever the model's recall.
+            suppressed_by_canary=False,
+            # One alert per endpoint and probe kind, not per tenant pair: the fault is the
+            # engine's shared cache, and which pair shows it depends on rotation and cache
+            # layout. The pair that fired it is in its labels (stable while it fires, as
+            # labels are its identity in Alertmanager); later pairs are in the description.
+            tenant_labels=True,
         ),
         alert(
             critical,

@@ -26,6 +26,8 @@ from kvwatch.alerting.policy import (
     BOUNDARY_PROBES,
     CANARY_INEFFECTIVE,
     REGION_LABEL,
+    SOURCE_TENANT_LABEL,
+    TENANT_LABEL,
     AlertingPolicy,
     AlertPolicy,
 )
@@ -156,6 +158,19 @@ class ProbeEvent:
     evidence: Evidence = Evidence()
     generator_url: str | None = None  # the probe's page in kvwatch
     labels: Mapping[str, str] = field(default_factory=dict)  # the endpoint's static labels
+    tenant: str | None = None  # whose credentials the probe was sent with (a name)
+
+    @property
+    def source_tenant(self) -> str | None:
+        """The tenant of the first foreign marker issued under another tenant, if any."""
+        return next(
+            (
+                f.tenant
+                for f in self.evidence.foreign
+                if f.tenant is not None and self.tenant is not None and f.tenant != self.tenant
+            ),
+            None,
+        )
 
 
 def evaluate(
@@ -295,12 +310,19 @@ def _labels(alert: AlertPolicy, event: ProbeEvent, policy: AlertingPolicy) -> di
     }
     if policy.region is not None:
         labels[REGION_LABEL] = policy.region
+    if alert.tenant_labels:
+        labels[TENANT_LABEL] = event.tenant or ""
+        labels[SOURCE_TENANT_LABEL] = event.source_tenant or ""
     return labels
 
 
 def _annotations(alert: AlertPolicy, event: ProbeEvent, policy: AlertingPolicy) -> dict[str, str]:
     summary = alert.summary.format(
-        endpoint=event.endpoint, probe=event.probe or "capacity", model=event.model
+        endpoint=event.endpoint,
+        probe=event.probe or "capacity",
+        model=event.model,
+        tenant=event.tenant or "-",
+        source_tenant=event.source_tenant or "-",
     )
     return {
         "summary": summary,
@@ -318,6 +340,7 @@ def describe(event: ProbeEvent, *, region: str | None = None) -> str:
     kind = " (a confirmation re-check)" if event.confirmation else ""
     sentences = [
         f"The {what}{probe_id}{kind} of {event.endpoint} ({event.model}) "
+        + (f"under tenant {event.tenant} " if event.tenant is not None else "")
         + (f"from region {region} " if region is not None else "")
         + f"ended in verdict {Verdict(event.verdict).value}"
         + (f": {ev.reason.rstrip('.')}." if ev.reason else ".")
@@ -334,9 +357,10 @@ def describe(event: ProbeEvent, *, region: str | None = None) -> str:
         sentences.append(f"Marker found: {'yes' if ev.marker_found else 'no'}.")
     for foreign in ev.foreign[:_MAX_FOREIGN_IN_DESCRIPTION]:
         issued = foreign.issued_at.astimezone(UTC).isoformat(timespec="seconds")
+        under = f" under tenant {foreign.tenant}" if foreign.tenant is not None else ""
         sentences.append(
             f"The answer holds the marker of probe {foreign.probe_id}, "
-            f"issued to {foreign.endpoint} at {issued}."
+            f"issued to {foreign.endpoint}{under} at {issued}."
         )
     if len(ev.foreign) > _MAX_FOREIGN_IN_DESCRIPTION:
         more = len(ev.foreign) - _MAX_FOREIGN_IN_DESCRIPTION

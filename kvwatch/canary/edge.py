@@ -25,14 +25,18 @@ from kvwatch.canary.verdicts import judge
 
 
 def judge_edge(
-    plan: PlannedPrompt, ex: Exchange, foreign: Sequence[ForeignMarker] = ()
+    plan: PlannedPrompt,
+    ex: Exchange,
+    foreign: Sequence[ForeignMarker] = (),
+    *,
+    tenant: str | None = None,
 ) -> Judgement:
     """Classify an edge probe. A 2xx is judged exactly like *under* (marker, usage, stream);
     a 4xx context-length rejection passes; any other non-2xx is a ``wrong_rejection``."""
     # Judged as a recall probe: the same checks, in the same order, for every 2xx, and the
     # same transport / auth / throttling / leak verdicts for everything before a status.
     as_recall = dataclasses.replace(plan, kind=ProbeKind.UNDER)
-    judgement = judge(as_recall, ex, foreign)
+    judgement = judge(as_recall, ex, foreign, tenant=tenant)
     status = ex.status
     if (
         judgement.verdict in (Verdict.ERROR, Verdict.UNDER_REJECTED)

@@ -26,6 +26,8 @@ class Verdict(enum.StrEnum):
     PASS = "pass"
     MARKER_MISSING = "marker_missing"
     FOREIGN_MARKER = "foreign_marker"
+    # A marker issued under one tenant's credentials in an answer given to another tenant.
+    CROSS_TENANT_LEAK = "cross_tenant_leak"
     OVER_ACCEPTED = "over_accepted"
     # over, on an engine with no hard limit (Ollama): the prompt was cut to fit the window,
     # as the engine documents, and the answer leaked nothing. Expected, and never a page.
@@ -53,6 +55,7 @@ SEVERITY: dict[Verdict, Severity] = {
     Verdict.PASS: Severity.NONE,
     Verdict.MARKER_MISSING: Severity.CRITICAL,
     Verdict.FOREIGN_MARKER: Severity.CRITICAL,
+    Verdict.CROSS_TENANT_LEAK: Severity.CRITICAL,
     Verdict.OVER_ACCEPTED: Severity.CRITICAL,
     Verdict.OVER_TRUNCATED: Severity.INFO,
     Verdict.TRUNCATED: Severity.CRITICAL,
@@ -133,6 +136,9 @@ class ForeignMarker:
     probe_id: int
     endpoint: str
     issued_at: datetime
+    # The tenant (config name, never its key) whose credentials the probe was sent with;
+    # None when it used the endpoint's own api_key.
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

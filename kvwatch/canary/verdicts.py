@@ -30,12 +30,14 @@ def judge(
     foreign: Sequence[ForeignMarker] = (),
     *,
     truncates_to: int | None = None,
+    tenant: str | None = None,
 ) -> Judgement:
     """Classify one probe. ``foreign`` are markers in the answer issued to *other* probes.
 
     ``truncates_to`` is for an engine with no hard limit (Ollama), which cuts an over-long
     prompt down to its window instead of refusing it: that window. ``None`` (every other
-    engine) means an over-limit prompt must be refused.
+    engine) means an over-limit prompt must be refused. ``tenant`` is the tenant whose
+    credentials this probe was sent with (None: the endpoint's own key).
     """
     found = ex.answer is not None and markers.contains_marker(ex.answer, plan.marker)
     drift = None if ex.prompt_tokens is None else ex.prompt_tokens - plan.planned_tokens
@@ -53,7 +55,17 @@ def judge(
     if status == 429:
         return verdict(V.THROTTLED, "HTTP 429: throttled, retry later")
 
-    # A leak is proof of a broken engine whatever else happened on this request.
+    # A leak is proof of a broken engine whatever else happened on this request. One that
+    # crosses tenants is the incident itself (a customer sees another's data), so it wins.
+    crossed = cross_tenant_markers(foreign, tenant)
+    if crossed:
+        first = crossed[0]
+        return verdict(
+            V.CROSS_TENANT_LEAK,
+            f"answer given to tenant {tenant} holds the marker of probe {first.probe_id} "
+            f"issued under tenant {first.tenant} ({first.endpoint}, "
+            f"issued {first.issued_at.isoformat()})",
+        )
     if foreign:
         first = foreign[0]
         return verdict(
@@ -65,6 +77,19 @@ def judge(
     if plan.kind is ProbeKind.OVER:
         return _judge_over(plan, ex, verdict, truncates_to)
     return _judge_recall(plan, ex, found, drift, verdict)
+
+
+def cross_tenant_markers(
+    foreign: Sequence[ForeignMarker], tenant: str | None
+) -> list[ForeignMarker]:
+    """The foreign markers issued under a tenant other than ``tenant``.
+
+    Both sides must be named tenants: a marker of kvwatch's own identity (the endpoint's
+    ``api_key``), or one seen by it, is a cross-request leak but names no customer.
+    """
+    if tenant is None:
+        return []
+    return [f for f in foreign if f.tenant is not None and f.tenant != tenant]
 
 
 def _judge_over(

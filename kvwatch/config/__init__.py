@@ -12,13 +12,14 @@ from kvwatch.config.durations import DurationError, format_duration, parse_durat
 from kvwatch.config.errors import ConfigError
 from kvwatch.config.loader import load_config, parse_config
 from kvwatch.config.model import Config
-from kvwatch.config.resolve import EndpointSpec
+from kvwatch.config.resolve import EndpointSpec, TenantSpec
 
 __all__ = [
     "Config",
     "ConfigError",
     "DurationError",
     "EndpointSpec",
+    "TenantSpec",
     "capacity_message",
     "capacity_violations",
     "exceeds_capacity",

@@ -36,6 +36,19 @@ def cross_field_problems(config: Config) -> list[Problem]:
                 ((*here, "labels", "region"), "is reserved: kvwatch sets it when region is set")
             )
 
+        if endpoint.tenants:
+            # The cross-tenant alert names both tenants in these labels; a static one would
+            # hide whose data leaked where.
+            for label in ("source_tenant", "tenant"):
+                if label in endpoint.labels:
+                    problems.append(
+                        (
+                            (*here, "labels", label),
+                            "is reserved: kvwatch sets it on cross-tenant alerts when tenants "
+                            "are set",
+                        )
+                    )
+
         # A clash that comes only from `defaults` is reported once, above, not per endpoint.
         if spec.jitter_seconds >= spec.interval_seconds:
             if endpoint.jitter is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvwatch.config.resolve import EndpointSpec, resolve_endpoint
 from kvwatch.config.types import (
@@ -29,6 +29,7 @@ from kvwatch.config.types import (
     Region,
     Secret,
     SecretFilePath,
+    TenantName,
     TokenizerSpec,
     invalid,
     split_listen,
@@ -147,6 +148,21 @@ class Defaults(_Strict):
         return self
 
 
+class Tenant(_Strict):
+    """A named credential of an endpoint: one customer identity kvwatch probes as."""
+
+    name: TenantName
+    api_key: Secret | None = None
+    api_key_file: SecretFilePath | None = None
+
+    @model_validator(mode="after")
+    def _one_key(self) -> Tenant:
+        _exclusive(self, "api_key", "api_key_file")
+        if self.api_key is None and self.api_key_file is None:
+            raise invalid("api_key or api_key_file is required")
+        return self
+
+
 class Endpoint(_Strict):
     name: EndpointName
     url: HttpUrl
@@ -156,6 +172,9 @@ class Endpoint(_Strict):
     kv_pool_tokens: PositiveInt | None = None
     api_key: Secret | None = None
     api_key_file: SecretFilePath | None = None
+    # Under and edge probes run under each tenant's credentials in turn, so an answer given
+    # to one tenant that holds another's marker is caught as a cross-tenant leak.
+    tenants: list[Tenant] | None = None
     tokenizer: TokenizerSpec = "server"
     probes: list[ScheduledKind] = Field(default=list(DEFAULT_PROBES), min_length=1)
     labels: dict[LabelName, str] = {}
@@ -181,6 +200,21 @@ class Endpoint(_Strict):
         if self.marker_depths is not None:
             _unique_depths(self.marker_depths)
         return self
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenants(cls, tenants: list[Tenant] | None) -> list[Tenant] | None:
+        if tenants is None:
+            return None
+        if len(tenants) < 2:
+            # One identity cannot leak to another: a single key belongs in api_key.
+            raise invalid("needs at least two tenants (a single key belongs in api_key)")
+        names: set[str] = set()
+        for tenant in tenants:
+            if tenant.name in names:
+                raise invalid(f'lists tenant "{tenant.name}" twice')
+            names.add(tenant.name)
+        return tenants
 
 
 class Web(_Strict):

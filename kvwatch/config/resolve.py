@@ -7,7 +7,7 @@ an :class:`EndpointSpec` in which every field is concrete.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -33,6 +33,14 @@ def default_jitter(interval_seconds: float) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantSpec:
+    """A named credential of an endpoint. The name is stored and shown; the key never is."""
+
+    name: str
+    api_key: SecretStr = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class EndpointSpec:
     name: str
     url: str
@@ -53,6 +61,17 @@ class EndpointSpec:
     confirm: bool
     body_limit_bytes: int
     labels: Mapping[str, str]
+    # Under and edge probes rotate through these (kvwatch.runner.tenant_for_slot); empty:
+    # every probe uses ``api_key``.
+    tenants: tuple[TenantSpec, ...] = ()
+
+    @property
+    def default_tenant(self) -> TenantSpec | None:
+        """Whose key the other probes, discovery and tokenizing use: the endpoint's own
+        ``api_key`` when it has one (None here), else the first tenant's."""
+        if self.api_key is not None or not self.tenants:
+            return None
+        return self.tenants[0]
 
 
 def resolve_endpoint(endpoint: Endpoint, defaults: Defaults) -> EndpointSpec:
@@ -90,7 +109,24 @@ def resolve_endpoint(endpoint: Endpoint, defaults: Defaults) -> EndpointSpec:
         confirm=_pick(endpoint.confirm, defaults.confirm),
         body_limit_bytes=_pick(endpoint.body_limit_bytes, defaults.body_limit_bytes),
         labels=MappingProxyType(dict(endpoint.labels)),
+        tenants=tuple(
+            TenantSpec(
+                name=tenant.name,
+                api_key=(
+                    tenant.api_key_file.value
+                    if tenant.api_key_file is not None
+                    else _required(tenant.api_key)
+                ),
+            )
+            for tenant in endpoint.tenants or ()
+        ),
     )
+
+
+def _required(value: T | None) -> T:
+    # The config model guarantees one of api_key / api_key_file per tenant.
+    assert value is not None
+    return value
 
 
 def _pick(override: T | None, default: T) -> T:

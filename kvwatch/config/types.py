@@ -166,6 +166,15 @@ def _endpoint_name(value: str) -> str:
     return value
 
 
+def _tenant_name(value: str) -> str:
+    # Tenant names are stored with every probe and marker and become alert label values.
+    if not _ENDPOINT_NAME.fullmatch(value):
+        raise invalid(
+            "must be 1 to 63 letters, digits, '_', '.' or '-', starting with a letter or digit"
+        )
+    return value
+
+
 def _region(value: str) -> str:
     if not _REGION.fullmatch(value):
         raise invalid("must be 1 to 63 letters, digits, '_', '.' or '-'")
@@ -255,6 +264,7 @@ DatabaseUrl = Annotated[str, AfterValidator(_database_url)]
 NonBlank = Annotated[str, AfterValidator(_non_blank)]
 EndpointName = Annotated[str, AfterValidator(_endpoint_name)]
 Region = Annotated[str, AfterValidator(_region)]
+TenantName = Annotated[str, AfterValidator(_tenant_name)]
 LabelName = Annotated[str, AfterValidator(_label_name)]
 TokenizerSpec = Annotated[str, AfterValidator(_tokenizer)]
 Secret = Annotated[SecretStr, AfterValidator(_non_empty_secret)]

@@ -60,16 +60,23 @@ def _endpoint(request: Request) -> EndpointState:
     return state
 
 
-def _authorised(state: EndpointState, request: Request) -> bool:
-    key = state.spec.api_key
-    if key is None:
-        return True
+def credential(state: EndpointState, request: Request) -> str | None:
+    """The key a request presents (None without one): who sent it."""
     if state.spec.flavour is Flavour.ANTHROPIC:
         # Anthropic authenticates with x-api-key, not a bearer token.
-        given_key = request.headers.get("x-api-key", "")
-        return hmac.compare_digest(given_key.encode(), key.encode())
+        return request.headers.get("x-api-key")
     given = request.headers.get("authorization", "")
-    return hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
+    scheme, _, token = given.partition(" ")
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def _authorised(state: EndpointState, request: Request) -> bool:
+    keys = state.spec.keys
+    if not keys:
+        return True
+    given = (credential(state, request) or "").encode()
+    # Every key compared, in constant time each: which one matched must not show in timing.
+    return sum(hmac.compare_digest(given, key.encode()) for key in keys) > 0
 
 
 def _error(state: EndpointState, status: int, message: str, param: str | None = None) -> Response:
@@ -221,6 +228,7 @@ async def chat_completions(request: Request) -> Response:
             messages=_messages(body.get("messages")),
             max_tokens=_max_tokens(body),
             stream=bool(body.get("stream", False)),
+            tenant=credential(state, request),
         )
     except _BadRequest as exc:
         return _error(state, 400, str(exc), exc.param)

@@ -45,6 +45,8 @@ def parse_endpoint(text: str) -> SimEndpoint:
             values[key] = float(values[key])
         except ValueError:
             raise ValueError(f"{key} must be a number, got {values[key]!r}") from None
+    if "tenant_keys" in values:  # tenant_keys=sk-a:sk-b, one key per tenant
+        values["tenant_keys"] = tuple(values["tenant_keys"].split(":"))
     for key, enum_type in (("fault", FaultMode), ("flavour", Flavour)):
         if key in values and values[key] not in {m.value for m in enum_type}:
             known = ", ".join(m.value for m in enum_type)

@@ -56,15 +56,16 @@ class KVPagePool:
     Pages are fixed-size runs of tokens aligned on the start of each prompt, as in a paged KV
     cache. Only the most recent pages are kept: at most ``MAX_PAGES`` or the KV pool's worth,
     whichever is smaller. They are what a stale-KV fault attends to instead of the prompt.
+    Each page remembers the tenant (the credential) whose request wrote it.
     """
 
     def __init__(self, kv_pool: int, *, page_tokens: int = PAGE_TOKENS) -> None:
         self.page_tokens = page_tokens
         self.max_pages = max(1, min(MAX_PAGES, kv_pool // page_tokens))
-        self._pages: deque[str] = deque(maxlen=self.max_pages)
+        self._pages: deque[tuple[str | None, str]] = deque(maxlen=self.max_pages)
 
-    def write(self, text: str, n_tokens: int) -> None:
-        """Store ``text`` (``n_tokens`` tokens) as pages; older pages fall out."""
+    def write(self, text: str, n_tokens: int, *, tenant: str | None = None) -> None:
+        """Store ``text`` (``n_tokens`` tokens) as ``tenant``'s pages; older pages fall out."""
         total_pages = -(-n_tokens // self.page_tokens)
         # Pages that would be evicted at once are never tokenized: a 1M-token prompt only
         # costs its tail.
@@ -72,11 +73,21 @@ class KVPagePool:
         tail = text[tokenizer.char_offset(text, skip_pages * self.page_tokens) :]
         pieces = tokenizer.tokenize(tail)
         for start in range(0, len(pieces), self.page_tokens):
-            self._pages.append("".join(pieces[start : start + self.page_tokens]))
+            self._pages.append((tenant, "".join(pieces[start : start + self.page_tokens])))
 
-    def recent_first(self) -> str:
-        """The pages' text, most recent page first: what a stale decode attends over."""
-        return "".join(reversed(self._pages))
+    def recent_first(self, *, not_of: str | None = None) -> str:
+        """The pages' text, most recent page first: what a stale decode attends over.
+
+        With ``not_of``, only pages another tenant wrote, when there are any: the incident's
+        stale pages held *other customers'* requests. Without such pages (one identity, or
+        only its own pages so far), every page.
+        """
+        pages = list(reversed(self._pages))
+        if not_of is not None:
+            others = [text for owner, text in pages if owner != not_of]
+            if others:
+                return "".join(others)
+        return "".join(text for _owner, text in pages)
 
     def __len__(self) -> int:
         return len(self._pages)
@@ -89,6 +100,9 @@ class ChatRequest:
     stream: bool
     # A raw prompt (completions, TGI /generate) is read as is, without the chat template.
     raw_prompt: str | None = None
+    # Who sent it: the credential presented (None without one). Its pages are its tenant's,
+    # and a stale-KV fault serves it another tenant's.
+    tenant: str | None = field(default=None, repr=False)
 
     def prompt_text(self) -> str:
         return render_chat(self.messages) if self.raw_prompt is None else self.raw_prompt
@@ -161,16 +175,16 @@ class EndpointState:
     def handle(self, request: ChatRequest) -> Decision:
         """Decide on ``request`` and record its effects (counters, KV pages)."""
         decision = decide(self.spec, self.fault, self.pool, request)
-        self.record(decision)
+        self.record(decision, tenant=request.tenant)
         return decision
 
-    def record(self, decision: Decision) -> None:
+    def record(self, decision: Decision, *, tenant: str | None = None) -> None:
         self.stats.requests += 1
         self.stats.prefilled_tokens += decision.prefilled_tokens
         if isinstance(decision, Reject):
             self.stats.rejected += 1
         if isinstance(decision, Answer) and decision.prefilled_text is not None:
-            self.pool.write(decision.prefilled_text, decision.prefilled_tokens)
+            self.pool.write(decision.prefilled_text, decision.prefilled_tokens, tenant=tenant)
 
 
 def recall(attended: str, *, can_recall: bool = True) -> str:
@@ -309,9 +323,9 @@ def decide(spec: SimEndpoint, fault: FaultMode, pool: KVPagePool, request: ChatR
         )
     if over_pool and fault is FaultMode.STALE_KV:
         # The incident: the prompt is dropped for a placeholder, and decode reads whatever
-        # the pages still hold from earlier requests.
+        # the pages still hold from earlier requests, another tenant's first.
         return _answer(
-            pool.recent_first(),
+            pool.recent_first(not_of=request.tenant),
             limit=limit,
             can_recall=can_recall,
             prompt_tokens=reported(PLACEHOLDER_TOKENS),

@@ -18,6 +18,7 @@ route another engine would not have answers 404.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -40,6 +41,7 @@ from kvwatch.simulator.app import (
     _messages,
     _sse,
     _usage,
+    credential,
 )
 from kvwatch.simulator.model import (
     Answer,
@@ -87,9 +89,11 @@ def _unauthorised(state: EndpointState) -> Response:
     return JSONResponse(errors.unauthorized(), 401)
 
 
-async def _serve(state: EndpointState, chat: ChatRequest) -> Answer | StreamFailure | Response:
+async def _serve(
+    state: EndpointState, chat: ChatRequest, request: Request
+) -> Answer | StreamFailure | Response:
     """Decide, and wait out the simulated prefill; a rejection is returned as its response."""
-    decision = state.handle(chat)
+    decision = state.handle(dataclasses.replace(chat, tenant=credential(state, request)))
     if not isinstance(decision, Answer | StreamFailure):
         return JSONResponse(decision.body, decision.status, headers=decision.headers)
     delay = state.spec.ttfb_delay
@@ -208,7 +212,7 @@ async def tgi_generate(request: Request) -> Response:
     state = _state(request, Flavour.TGI)
     if not _authorised(state, request):
         return _unauthorised(state)
-    outcome = await _serve(state, _tgi_request(await _json_object(request), stream=False))
+    outcome = await _serve(state, _tgi_request(await _json_object(request), stream=False), request)
     if isinstance(outcome, Response):
         return outcome
     if isinstance(outcome, StreamFailure):
@@ -233,7 +237,7 @@ async def tgi_generate_stream(request: Request) -> Response:
     state = _state(request, Flavour.TGI)
     if not _authorised(state, request):
         return _unauthorised(state)
-    outcome = await _serve(state, _tgi_request(await _json_object(request), stream=True))
+    outcome = await _serve(state, _tgi_request(await _json_object(request), stream=True), request)
     if isinstance(outcome, Response):
         return outcome
 
@@ -299,7 +303,7 @@ async def completions(request: Request) -> Response:
         stream=stream,
         raw_prompt=prompt,
     )
-    outcome = await _serve(state, chat)
+    outcome = await _serve(state, chat, request)
     if isinstance(outcome, Response):
         return outcome
     model = state.spec.model
@@ -358,7 +362,7 @@ async def ollama_chat(request: Request) -> Response:
         max_tokens=num_predict if isinstance(num_predict, int) and num_predict > 0 else None,
         stream=stream,
     )
-    outcome = await _serve(state, chat)
+    outcome = await _serve(state, chat, request)
     if isinstance(outcome, Response):
         return outcome
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -442,7 +446,7 @@ async def anthropic_messages(request: Request) -> Response:
         return _unauthorised(state)
     body = await _json_object(request)
     stream = bool(body.get("stream", False))
-    outcome = await _serve(state, _anthropic_request(body, stream=stream))
+    outcome = await _serve(state, _anthropic_request(body, stream=stream), request)
     if isinstance(outcome, Response):
         return outcome
     spec = state.spec

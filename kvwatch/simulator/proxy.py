@@ -12,6 +12,9 @@ What each fault does here (prompt sizes are the upstream's own count, ``/apply-t
   endpoint served whole (the "stale pages") or, with none yet, an empty one-message chat (the
   placeholder). The real model answers from that other request's text, so it repeats the
   *other* marker, and usage reports 1 prompt token (the placeholder the incident swapped in).
+  Requests are told apart by the credential they present (``Authorization`` / ``x-api-key``):
+  the stale prompt served is the last one *another* tenant sent, when there is one, so a
+  tenant is answered from another tenant's cached prefix.
 - ``truncate_head`` / ``truncate_tail``: a prompt over ``kv_pool`` keeps the last / first
   ``kv_pool`` tokens. The cut is made on the upstream's own token pieces of the last message
   (``/tokenize`` ``with_pieces``), so the templated prompt lands on ``kv_pool`` give or take
@@ -114,8 +117,22 @@ class ProxyEndpoint:
 
     spec: SimEndpoint
     fault: FaultMode
-    stale: Messages | None = None  # the last prompt served whole: what stale pages hold
+    # The last prompt each tenant (by its credential; "" for none) had served whole, oldest
+    # first: what the stale pages hold.
+    stale_by_tenant: dict[str, Messages] = field(default_factory=dict)
     stats: ProxyStats = field(default_factory=ProxyStats)
+
+    def remember(self, tenant: str, messages: Messages) -> None:
+        self.stale_by_tenant.pop(tenant, None)  # re-inserted: the newest goes last
+        self.stale_by_tenant[tenant] = messages
+
+    def stale_for(self, tenant: str) -> Messages | None:
+        """The newest prompt another tenant had served, else the newest of any tenant."""
+        newest_first = list(reversed(self.stale_by_tenant.items()))
+        for owner, messages in newest_first:
+            if owner != tenant:
+                return messages
+        return newest_first[0][1] if newest_first else None
 
 
 class Upstream:
@@ -160,6 +177,11 @@ class Upstream:
 
 def _headers(request: Request) -> dict[str, str]:
     return {k: v for k in _FORWARDED_HEADERS if (v := request.headers.get(k)) is not None}
+
+
+def _tenant(headers: dict[str, str]) -> str:
+    """Who sent a request: the credential it presents, as is ("" without one)."""
+    return headers.get("authorization") or headers.get("x-api-key") or ""
 
 
 def _last_text(messages: Messages) -> tuple[int, str]:
@@ -331,8 +353,9 @@ class ProxyApp:
 
         if over_pool and fault is FaultMode.STALE_KV:
             state.stats.injected += 1
-            # The stale pages: another request's prompt, or nothing worth recalling.
-            stale = state.stale or [{"role": "user", "content": ""}]
+            # The stale pages: another request's prompt (another tenant's first), or nothing
+            # worth recalling.
+            stale = state.stale_for(_tenant(headers)) or [{"role": "user", "content": ""}]
             return await self._send(body | {"messages": stale}, headers, usage(PLACEHOLDER_TOKENS))
         if over_pool and fault in (FaultMode.TRUNCATE_HEAD, FaultMode.TRUNCATE_TAIL):
             state.stats.injected += 1
@@ -406,7 +429,7 @@ class ProxyApp:
         if remember is not None:
             remember.stats.forwarded += 1
             if response.status_code == 200:
-                remember.stale = list(body["messages"])
+                remember.remember(_tenant(headers), list(body["messages"]))
         content_type = response.headers.get("content-type", "application/json")
         if content_type.startswith("text/event-stream"):
             relay = _Relay(response, rewrite=rewrite, error_after_content=error_after_content)

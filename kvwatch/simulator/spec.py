@@ -17,7 +17,8 @@ class FaultMode(enum.StrEnum):
 
     HEALTHY = "healthy"
     # A prompt over the KV pool is swapped for a one-token placeholder; decode attends over
-    # pages left by earlier requests (other users' data) and answers 200.
+    # pages left by earlier requests (other users' data) and answers 200. With several keys
+    # (``tenant_keys``), the pages another tenant's requests left, when there are any.
     STALE_KV = "stale_kv"
     # A prompt over the KV pool silently keeps only its last / first ``kv_pool`` tokens.
     TRUNCATE_HEAD = "truncate_head"
@@ -81,6 +82,9 @@ class SimEndpoint:
     fault: FaultMode = FaultMode.HEALTHY
     report_usage: ReportUsage = "attended"
     api_key: str | None = None
+    # More accepted keys, one per tenant: a request's key says whose it is (stale_kv serves
+    # it another tenant's cached pages).
+    tenant_keys: tuple[str, ...] = ()
     prefill_tokens_per_second: float = 0.0  # 0 = instant
     ttfb_delay: float = 0.0
     flavour: Flavour = Flavour.VLLM
@@ -101,6 +105,9 @@ class SimEndpoint:
             raise ValueError(f"endpoint {self.name}: report_usage must be 'attended' or 'sent'")
         if self.prefill_tokens_per_second < 0 or self.ttfb_delay < 0:
             raise ValueError(f"endpoint {self.name}: latencies must not be negative")
+        object.__setattr__(self, "tenant_keys", tuple(self.tenant_keys))
+        if any(not key for key in self.tenant_keys):
+            raise ValueError(f"endpoint {self.name}: tenant keys must not be empty")
         # Coerce plain strings (from the CLI or YAML) into the enums, so comparisons hold.
         object.__setattr__(self, "fault", FaultMode(self.fault))
         object.__setattr__(self, "flavour", Flavour(self.flavour))
@@ -111,6 +118,11 @@ class SimEndpoint:
                 raise ValueError(
                     f"endpoint {self.name}: max_input_tokens must be positive and below the window"
                 )
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every key the endpoint accepts; none means it asks for no credentials."""
+        return ((self.api_key,) if self.api_key is not None else ()) + self.tenant_keys
 
     @property
     def input_limit(self) -> int:

@@ -42,6 +42,8 @@ Id = BigInteger().with_variant(Integer(), "sqlite")
 PROBE_STATES = ("running", "done", "interrupted")
 # A region name (config: 1-63 letters, digits, '_', '.', '-'); "" in keys means no region.
 REGION_LENGTH = 63
+# A tenant name (config: 1-63 letters, digits, '_', '.', '-'; never its key).
+TENANT_LENGTH = 63
 ALERT_STATES = ("inactive", "pending", "firing", "resolved")
 
 
@@ -137,6 +139,9 @@ class Probe(Base):
     slot: Mapped[int | None] = mapped_column(BigInteger)
     # The region of the replica that ran it (migration 0005); NULL without multi-region mode.
     region: Mapped[str | None] = mapped_column(String(REGION_LENGTH))
+    # The tenant whose credentials the request was sent with (migration 0006); NULL when it
+    # used the endpoint's own api_key.
+    tenant: Mapped[str | None] = mapped_column(String(TENANT_LENGTH))
 
 
 class Marker(Base):
@@ -148,6 +153,9 @@ class Marker(Base):
     )
     endpoint: Mapped[str] = mapped_column(String(200))
     issued_at: Mapped[datetime]
+    # Issued under this tenant (migration 0006): a marker found in another tenant's answer
+    # names whose data leaked. NULL: the endpoint's own api_key.
+    tenant: Mapped[str | None] = mapped_column(String(TENANT_LENGTH))
 
 
 class AlertState(Base):

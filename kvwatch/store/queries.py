@@ -86,6 +86,7 @@ class ProbeFilter:
     since: datetime | None = None  # inclusive, on started_at
     until: datetime | None = None  # exclusive, on started_at
     region: str | None = None  # the region that ran them (multi-region mode)
+    tenant: str | None = None  # sent with this tenant's credentials
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -409,6 +410,8 @@ def _conditions(f: ProbeFilter) -> list[ColumnElement[bool]]:
         conditions.append(Probe.verdict == f.verdict)
     if f.region is not None:
         conditions.append(Probe.region == f.region)
+    if f.tenant is not None:
+        conditions.append(Probe.tenant == f.tenant)
     if f.since is not None:
         conditions.append(Probe.started_at >= f.since)
     if f.until is not None:

@@ -34,6 +34,7 @@ class NewProbe:
     streamed: bool
     confirms_probe_id: int | None = None
     slot: int | None = None  # the scheduled slot (epoch seconds) it runs for
+    tenant: str | None = None  # whose credentials it is sent with; None: the endpoint's key
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,6 +94,7 @@ class ProbeRow:
     confirms_probe_id: int | None
     slot: int | None = None
     region: str | None = None  # of the replica that ran it; None without multi-region mode
+    tenant: str | None = None  # whose credentials it was sent with; None: the endpoint's key
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,12 +120,15 @@ class AlertStateRecord:
 def foreign_marker_to_json(marker: ForeignMarker) -> dict[str, Any]:
     if marker.issued_at.tzinfo is None:
         raise ValueError(f"foreign marker {marker.marker} has a naive issued_at")
-    return {
+    data: dict[str, Any] = {
         "marker": marker.marker,
         "probe_id": marker.probe_id,
         "endpoint": marker.endpoint,
         "issued_at": marker.issued_at.astimezone(UTC).isoformat(),
     }
+    if marker.tenant is not None:
+        data["tenant"] = marker.tenant
+    return data
 
 
 def foreign_marker_from_json(data: dict[str, Any]) -> ForeignMarker:
@@ -132,4 +137,6 @@ def foreign_marker_from_json(data: dict[str, Any]) -> ForeignMarker:
         probe_id=int(data["probe_id"]),
         endpoint=str(data["endpoint"]),
         issued_at=datetime.fromisoformat(str(data["issued_at"])),
+        # Absent in evidence stored before tenants existed, and for the endpoint's own key.
+        tenant=None if data.get("tenant") is None else str(data["tenant"]),
     )

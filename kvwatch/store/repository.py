@@ -314,14 +314,21 @@ class Store:
         with self._errors("could not look up markers"), self._sessions() as s:
             rows = s.execute(
                 select(
-                    Marker.marker, Probe.marker, Marker.probe_id, Marker.endpoint, Marker.issued_at
+                    Marker.marker,
+                    Probe.marker,
+                    Marker.probe_id,
+                    Marker.endpoint,
+                    Marker.issued_at,
+                    Marker.tenant,
                 )
                 .join(Probe, Probe.id == Marker.probe_id)
                 .where(Marker.marker.in_(wanted))
             ).all()
         return {
-            key: ForeignMarker(marker=issued, probe_id=pid, endpoint=ep, issued_at=at)
-            for key, issued, pid, ep, at in rows
+            key: ForeignMarker(
+                marker=issued, probe_id=pid, endpoint=ep, issued_at=at, tenant=tenant
+            )
+            for key, issued, pid, ep, at, tenant in rows
         }
 
     def get_probe(self, probe_id: int) -> ProbeRow | None:
@@ -549,6 +556,7 @@ def _probe_row(row: Probe) -> ProbeRow:
         confirms_probe_id=row.confirms_probe_id,
         slot=row.slot,
         region=row.region,
+        tenant=row.tenant,
     )
 
 
@@ -572,6 +580,7 @@ def _add_probe(session: Session, p: NewProbe, *, state: ProbeState, **values: An
         streamed=p.streamed,
         confirms_probe_id=p.confirms_probe_id,
         slot=p.slot,
+        tenant=p.tenant,
         **values,
     )
     session.add(row)
@@ -583,6 +592,7 @@ def _add_probe(session: Session, p: NewProbe, *, state: ProbeState, **values: An
                 probe_id=row.id,
                 endpoint=p.endpoint,
                 issued_at=p.started_at,
+                tenant=p.tenant,
             )
         )
     return row.id

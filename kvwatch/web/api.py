@@ -115,6 +115,14 @@ def build_api(ctx: WebContext) -> APIRouter:
                 description="Only probes run in this region (multi-region mode).",
             ),
         ] = None,
+        tenant: Annotated[
+            str | None,
+            Query(
+                max_length=63,
+                pattern=NO_NUL,
+                description="Only probes sent with this tenant's credentials (its name).",
+            ),
+        ] = None,
         since: Annotated[Time | None, Query(description="Started at or after (inclusive).")] = None,
         until: Annotated[Time | None, Query(description="Started before (exclusive).")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
@@ -129,6 +137,7 @@ def build_api(ctx: WebContext) -> APIRouter:
             kind=None if kind is None else kind.value,
             verdict=None if verdict is None else verdict.value,
             region=region,
+            tenant=tenant,
             since=s,
             until=u,
         )

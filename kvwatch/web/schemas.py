@@ -55,6 +55,9 @@ class ForeignMarker(_Model):
     marker: str = Field(description="The marker as it was issued to the other probe.")
     probe_id: int = Field(description="The probe the marker was issued to (it leaked from).")
     endpoint: str
+    tenant: str | None = Field(
+        description="The tenant it was issued under (endpoints[].tenants), else null."
+    )
     issued_at: datetime
     url: str
 
@@ -74,6 +77,10 @@ class Probe(_Model):
     replica: str
     region: str | None = Field(
         description="The region of the replica that ran it (multi-region mode), else null."
+    )
+    tenant: str | None = Field(
+        description="The tenant whose credentials it was sent with (its name, never its key); "
+        "null for the endpoint's own api_key."
     )
     model: str
     planned_prompt_tokens: int
@@ -199,6 +206,7 @@ def probe(settings: WebSettings, r: ProbeRow, confirmed_by: list[int]) -> Probe:
         finished_at=r.finished_at,
         replica=r.replica,
         region=r.region,
+        tenant=r.tenant,
         model=r.model,
         planned_prompt_tokens=r.planned_prompt_tokens,
         target_prompt_tokens=r.target_prompt_tokens,
@@ -215,6 +223,7 @@ def probe(settings: WebSettings, r: ProbeRow, confirmed_by: list[int]) -> Probe:
                 marker=f.marker,
                 probe_id=f.probe_id,
                 endpoint=f.endpoint,
+                tenant=f.tenant,
                 issued_at=f.issued_at,
                 url=probe_path(settings, f.probe_id),
             )

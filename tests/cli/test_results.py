@@ -60,6 +60,7 @@ def test_results_filter_and_print_json_lines(config: Path, history: dict[str, in
         "duration_seconds": 3.0,
         "replica": "kvwatch-0",
         "region": None,
+        "tenant": None,
         "reason": "foreign_marker (test)",
     }
     code, out, _ = _cli(
@@ -144,3 +145,29 @@ def test_show_of_an_unknown_probe_exits_1(config: Path, history: dict[str, int])
     """A probe id that does not exist is said so on stderr with exit code 1."""
     code, _, err = _cli("show", "--config", str(config), "999999")
     assert (code, err) == (1, "no probe 999999\n")
+
+
+def test_results_filter_by_tenant_and_show_names_both_tenants_of_a_leak(
+    config: Path, store: Store
+) -> None:
+    """--tenant lists one tenant's probes; show prints the tenant and the leaked marker's."""
+    from kvwatch.canary.model import ForeignMarker
+
+    source = web._probe(store, "alpha", "baseline", 0, LEAKED, tenant="acme")
+    victim = web._probe(store, "alpha", "under", 1, "KVW-AAAA-AAAA-AAA2", tenant="globex")
+    leak = ForeignMarker(LEAKED, source, "alpha", web.T0, tenant="acme")
+    store.finish_probe(victim, web._outcome(1, "cross_tenant_leak", 1.0, foreign_markers=[leak]))
+    code, out, _ = _cli(
+        "results", "--config", str(config), "--tenant", "globex", "--output", "json"
+    )
+    assert code == 0
+    assert [(r["id"], r["tenant"]) for r in map(json.loads, out.splitlines())] == [
+        (victim, "globex")
+    ]
+    code, out, _ = _cli("show", "--config", str(config), str(victim))
+    lines = out.splitlines()
+    assert code == 0 and "  tenant:        globex" in lines
+    assert (
+        f"  LEAKED MARKER: {LEAKED} of probe {source} (alpha, tenant acme, "
+        "issued 2026-03-01T12:00:00+00:00)" in lines
+    )

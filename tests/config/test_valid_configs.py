@@ -303,3 +303,24 @@ def test_a_jitter_written_in_defaults_applies_to_an_endpoint_with_a_longer_inter
         parse_config("defaults: {jitter: 50s}\n" + ENDPOINT + "    interval: 1m\n", env={})
     )
     assert spec.jitter_seconds == 50.0
+
+
+def test_it_resolves_tenants_with_their_keys_from_env_and_files(tmp_path: Path) -> None:
+    """Each tenant keeps its name and a secret key; without api_key the first one is default."""
+    key_file = tmp_path / "globex.key"
+    key_file.write_text("sk-globex\n", encoding="utf-8")
+    path = tmp_path / "kvwatch.yaml"
+    path.write_text(
+        ENDPOINT
+        + "    tenants:\n"
+        + "      - name: acme\n"
+        + "        api_key: ${ACME_KEY}\n"
+        + "      - name: globex\n"
+        + f"        api_key_file: {key_file}\n",
+        encoding="utf-8",
+    )
+    spec = only_endpoint(load_config(path, env={"ACME_KEY": "sk-acme"}))
+    assert [t.name for t in spec.tenants] == ["acme", "globex"]
+    assert [t.api_key.get_secret_value() for t in spec.tenants] == ["sk-acme", "sk-globex"]
+    assert "sk-acme" not in repr(spec) and "sk-globex" not in repr(spec)
+    assert spec.default_tenant is not None and spec.default_tenant.name == "acme"

@@ -31,6 +31,19 @@ PROXIED = [
         FaultMode.STREAM_ERROR_FRAME,
         FaultMode.WRONG_STATUS,
     )
+] + [
+    # Two tenants share one engine: the proxy tells them apart by the key each presents.
+    SimEndpoint(
+        "stale_kv_tenants",
+        window=WINDOW,
+        kv_pool=POOL,
+        fault=FaultMode.STALE_KV,
+        flavour="llamacpp",
+    )
+]
+TENANTS = [
+    {"name": "acme", "api_key": "sk-acme-real"},
+    {"name": "globex", "api_key": "sk-globex-real"},
 ]
 
 
@@ -38,7 +51,11 @@ PROXIED = [
 async def rig(llama_server_url: str, sqlite_store: Store) -> AsyncIterator[Rig]:
     async with run_proxy(llama_server_url, PROXIED) as proxy:
         entries = [
-            llamacpp_entry(proxy.url_for(ep.name).removesuffix("/v1"), name=ep.name)
+            llamacpp_entry(
+                proxy.url_for(ep.name).removesuffix("/v1"),
+                name=ep.name,
+                **({"tenants": TENANTS} if ep.name == "stale_kv_tenants" else {}),
+            )
             for ep in PROXIED
         ]
         async with probe_rig(entries, sqlite_store) as r:
@@ -55,6 +72,22 @@ async def test_stale_kv_makes_the_real_model_repeat_an_earlier_probes_marker(rig
     assert [f.probe_id for f in under.foreign] == [baseline.probe_id]
     assert under.reported_prompt_tokens == 1
     assert target.window == WINDOW  # discovered through the proxy's /props
+
+
+async def test_stale_kv_serves_one_tenant_another_tenants_prefix_a_cross_tenant_leak(
+    rig: Rig,
+) -> None:
+    """globex's under prompt is swapped for acme's baseline: the real model repeats acme's
+    marker to globex, and kvwatch names both tenants."""
+    target = rig.targets["stale_kv_tenants"]
+    acme, globex = target.spec.tenants
+    baseline = await rig.runner.run(target, ProbeKind.BASELINE)  # the default: acme
+    assert (baseline.verdict, baseline.tenant) == (Verdict.PASS, "acme"), baseline.reason
+    under = await rig.runner.run(target, ProbeKind.UNDER, tenant=globex)
+    assert under.verdict is Verdict.CROSS_TENANT_LEAK, under.reason
+    assert under.tenant == "globex"
+    assert [(f.probe_id, f.tenant) for f in under.foreign] == [(baseline.probe_id, acme.name)]
+    assert under.reported_prompt_tokens == 1
 
 
 async def test_truncate_head_drops_the_marker_and_is_caught_as_truncated(rig: Rig) -> None:

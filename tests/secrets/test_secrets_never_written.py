@@ -2,9 +2,11 @@
 
 A real ``kvwatch run`` process gets an endpoint API key (``api_key_file``), Alertmanager
 credentials (basic-auth ``password_file``, or a ``bearer_token``) and a web bearer token
-(``web.bearer_token_file``), and runs a cycle full of failures: a 401 on tokenize, a 401 on
-chat, an unreachable engine, a critical verdict that pages an Alertmanager answering 500 and
-one refusing connections. Then every byte it wrote is searched for every secret.
+(``web.bearer_token_file``), tenant keys (one ``api_key_file``, one inline, each accepted by
+the simulator; two more it refuses), and runs a cycle full of failures: a 401 on tokenize, a
+401 on chat, an unreachable engine, a critical verdict that pages an Alertmanager answering 500
+and one refusing connections, under probes sent with tenant keys. Then every byte it wrote is
+searched for every secret.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import yaml
 from tests.helpers.alertmanager import RecordingServer
 from tests.helpers.processes import free_port, simulator_process, start_kvwatch, stop, wait_for
 
-ENDPOINTS = ("weak", "locked", "locked-usage", "gone")
+ENDPOINTS = ("weak", "locked", "locked-usage", "gone", "tenanted", "tenants-locked")
 
 
 def planted(kind: str) -> str:
@@ -84,6 +86,7 @@ def needles(values: list[str]) -> list[bytes]:
 def test_no_secret_reaches_logs_database_api_ui_or_metrics(tmp_path: Path, am_auth: str) -> None:
     """After a cycle of 401s, unreachable engines and failed pages, no secret is anywhere."""
     api_key, am_secret, web_token = planted("apikey"), planted("am"), planted("web")
+    tenant_keys = [planted(f"tenant{i}") for i in range(4)]
     closed = free_port()
     listen = f"127.0.0.1:{free_port()}"
     db = tmp_path / "kvwatch.db"
@@ -91,6 +94,7 @@ def test_no_secret_reaches_logs_database_api_ui_or_metrics(tmp_path: Path, am_au
     sims = (
         f"name=weak,window=4096,fault=no_recall,api_key={api_key}",
         "name=locked,window=4096,api_key=the-right-key",
+        f"name=tenants,window=4096,fault=no_recall,tenant_keys={tenant_keys[0]}:{tenant_keys[1]}",
     )
     with (
         simulator_process(*sims, log=tmp_path / "sim.log") as sim,
@@ -108,13 +112,20 @@ def test_no_secret_reaches_logs_database_api_ui_or_metrics(tmp_path: Path, am_au
             sent = f"Bearer {am_secret}"
         key_file = write_file(tmp_path / "api-key", api_key)
 
-        def endpoint(name: str, url: str, probe: str, **extra: str) -> dict[str, Any]:
+        tenant_file = write_file(tmp_path / "tenant-key", tenant_keys[0])
+
+        def tenants(first: dict[str, str], second: str) -> list[dict[str, str]]:
+            return [{"name": "acme", **first}, {"name": "globex", "api_key": second}]
+
+        def endpoint(name: str, url: str, probe: str, **extra: Any) -> dict[str, Any]:
+            # An endpoint with tenants sends their keys instead of the endpoint's own.
+            key = {} if "tenants" in extra else {"api_key_file": key_file}
             return {
                 "name": name,
                 "url": url,
                 "model": "sim-1",
                 "context_window": 4096,
-                "api_key_file": key_file,
+                **key,
                 "probes": [probe],
                 **extra,
             }
@@ -132,6 +143,20 @@ def test_no_secret_reaches_logs_database_api_ui_or_metrics(tmp_path: Path, am_au
                 endpoint("locked", f"{sim}/locked/v1", "baseline"),  # 401 on tokenize
                 endpoint("locked-usage", f"{sim}/locked/v1", "baseline", tokenizer="usage"),
                 endpoint("gone", f"http://127.0.0.1:{closed}/v1", "baseline"),  # unreachable
+                # marker_missing under a tenant's key, confirmed: pages.
+                endpoint(
+                    "tenanted",
+                    f"{sim}/tenants/v1",
+                    "under",
+                    tenants=tenants({"api_key_file": tenant_file}, tenant_keys[1]),
+                ),
+                # Tenant keys the engine refuses: 401 on tokenize.
+                endpoint(
+                    "tenants-locked",
+                    f"{sim}/locked/v1",
+                    "under",
+                    tenants=tenants({"api_key": tenant_keys[2]}, tenant_keys[3]),
+                ),
             ],
         }
         path = tmp_path / "kvwatch.yaml"
@@ -158,6 +183,8 @@ def test_no_secret_reaches_logs_database_api_ui_or_metrics(tmp_path: Path, am_au
         "locked": "auth_error",
         "locked-usage": "auth_error",
         "gone": "error",
+        "tenanted": "marker_missing",
+        "tenants-locked": "auth_error",
     }, verdicts
 
     log_bytes = log.read_bytes()
@@ -165,6 +192,6 @@ def test_no_secret_reaches_logs_database_api_ui_or_metrics(tmp_path: Path, am_au
     assert b"HTTP Request:" not in log_bytes
     outputs = {"log": log_bytes, **pages, **written_while_running}
     outputs |= {f"after exit {p.name}": p.read_bytes() for p in tmp_path.glob("kvwatch.db*")}
-    for secret in needles([api_key, am_secret, web_token]):
+    for secret in needles([api_key, am_secret, web_token, *tenant_keys]):
         leaks = [name for name, data in outputs.items() if secret in data]
         assert not leaks, f"{secret!r} written to {leaks}"

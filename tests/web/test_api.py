@@ -26,6 +26,7 @@ def _leaked_probe(ids: dict[str, int], **overrides: Any) -> dict[str, Any]:
         "finished_at": "2026-03-01T12:04:03Z",
         "replica": "kvwatch-0",
         "region": None,
+        "tenant": None,
         "model": "glm-5.3",
         "planned_prompt_tokens": 8176,
         "target_prompt_tokens": 8176,
@@ -42,6 +43,7 @@ def _leaked_probe(ids: dict[str, int], **overrides: Any) -> dict[str, Any]:
                 "marker": LEAKED,
                 "probe_id": ids["b-base"],
                 "endpoint": "beta",
+                "tenant": None,
                 "issued_at": "2026-03-01T12:03:00Z",
                 "url": f"/probes/{ids['b-base']}",
             }

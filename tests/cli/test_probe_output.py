@@ -1,0 +1,50 @@
+"""`kvwatch probe` output names the tenant a probe was sent as, and only when there is one."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from kvwatch.canary.model import ForeignMarker, ProbeKind, Verdict
+from kvwatch.cli import format_table, report_json
+from kvwatch.runner import ProbeReport
+
+AT = datetime(2026, 12, 3, 5, 0, tzinfo=UTC)
+
+
+def report(tenant: str | None, verdict: Verdict = Verdict.PASS, **kw: object) -> ProbeReport:
+    values: dict[str, object] = {
+        "probe_id": 7,
+        "endpoint": "shared",
+        "kind": ProbeKind.UNDER,
+        "verdict": verdict,
+        "reason": "marker recalled",
+        "status": 200,
+        "planned_prompt_tokens": 8160,
+        "reported_prompt_tokens": 8160,
+        "marker": "KVW-AAAA-BBBB-CCCC",
+        "marker_found": True,
+        "foreign": (),
+        "duration_seconds": 0.5,
+        "confirms_probe_id": None,
+        "finished_at": AT,
+        "tenant": tenant,
+        **kw,
+    }
+    return ProbeReport(**values)  # type: ignore[arg-type]
+
+
+def test_the_table_has_a_tenant_column_only_for_tenant_probes() -> None:
+    """Endpoints without tenants print exactly the old table."""
+    plain = format_table([report(None)]).splitlines()[0].split()
+    assert "TENANT" not in plain
+    tenanted = format_table([report("globex"), report(None)]).splitlines()
+    assert tenanted[0].split()[:5] == ["ID", "ENDPOINT", "KIND", "TENANT", "VERDICT"]
+    assert tenanted[1].split()[3] == "globex" and tenanted[2].split()[3] == "-"
+
+
+def test_json_names_the_tenant_and_the_tenant_of_each_leaked_marker() -> None:
+    """One object per probe, with ``tenant`` on it and on its foreign markers."""
+    leak = ForeignMarker("KVW-DDDD-EEEE-FFFF", 3, "shared", AT, tenant="acme")
+    body = report_json(report("globex", Verdict.CROSS_TENANT_LEAK, foreign=(leak,)))
+    assert (body["tenant"], body["verdict"]) == ("globex", "cross_tenant_leak")
+    assert [(f["probe_id"], f["tenant"]) for f in body["foreign_markers"]] == [(3, "acme")]
