@@ -45,8 +45,14 @@ from kvwatch.capacity import assess, edge_pool
 from kvwatch.config import EndpointSpec
 from kvwatch.engines.base import Discovery, Engine, EngineAuthError, ProgressCallback
 from kvwatch.metrics import ProbeMetrics
+from kvwatch.served_window import ServedWindowTracker
 from kvwatch.store.errors import StoreError, StoreUnavailable
-from kvwatch.store.records import AlertStateRecord, NewProbe, ProbeOutcome
+from kvwatch.store.records import (
+    AlertStateRecord,
+    NewProbe,
+    ProbeOutcome,
+    ServedWindowRecord,
+)
 from kvwatch.store.repository import Store
 from kvwatch.tokens.base import TokenCounter
 from kvwatch.writebehind import PendingResult, ResultBuffer
@@ -74,6 +80,7 @@ class Target:
     counter: TokenCounter
     window: int | None = None  # configured, else discovered on first use
     discovery: Discovery | None = None  # the engine's last self-report (capacity check)
+    served: ServedWindowRecord | None = None  # the last served-window measurement, if read
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +101,8 @@ class ProbeReport:
     duration_seconds: float | None
     confirms_probe_id: int | None
     finished_at: datetime
+    error_body: str | None = None  # bounded: where a rejection states the engine's limit
+    trigger_probe_id: int | None = None  # a bisect probe's trigger
 
 
 class AlertHook(Protocol):
@@ -107,6 +116,13 @@ class AlertHook(Protocol):
         """The states were stored: adopt them and wake delivery."""
         ...
 
+    def served_window(
+        self, endpoint: str, record: ServedWindowRecord
+    ) -> Sequence[AlertStateRecord]:
+        """The endpoint's active window alerts with the measured served window in their
+        description; to be stored, then adopted with :meth:`committed`."""
+        ...
+
 
 @dataclass
 class ProbeRunner:
@@ -118,9 +134,12 @@ class ProbeRunner:
     alert_hook: AlertHook | None = None
     # Results wait here, in order, while the database is unreachable: probing goes on.
     results: ResultBuffer = field(init=False)
+    # What the endpoint really serves, measured after a window failure.
+    served: ServedWindowTracker = field(init=False)
 
     def __post_init__(self) -> None:
         self.results = ResultBuffer(self.store, self.metrics.registry)
+        self.served = ServedWindowTracker(self.store, self.clock)
 
     async def run_slot(
         self, target: Target, kind: ProbeKind, slot: int, *, scheduled: datetime | None = None
@@ -194,7 +213,23 @@ class ProbeRunner:
                 reports.append(confirm)
         if kind is ProbeKind.CAPACITY and reports[-1].verdict is Verdict.CAPACITY_MISMATCH:
             reports += await self.run_checked(target, ProbeKind.EDGE, progress=progress)
-        return reports
+        steps = await self.served.after(self, target, kind, reports)
+        if steps and self.alert_hook is not None and target.served is not None:
+            await self._annotate_alerts(target, target.served)
+        return reports + steps
+
+    async def _annotate_alerts(self, target: Target, record: ServedWindowRecord) -> None:
+        """Put the measured served window into the endpoint's active alerts at once (the
+        next re-send carries it), not only into those raised by later probes."""
+        assert self.alert_hook is not None
+        records = self.alert_hook.served_window(target.spec.name, record)
+        if not records:
+            return
+        try:
+            await asyncio.to_thread(self.store.save_alert_states, records)
+        except StoreError as exc:
+            log.warning("alert_states_not_saved", endpoint=target.spec.name, error=str(exc))
+        self.alert_hook.committed(records)
 
     async def _run_capacity(
         self,
@@ -266,14 +301,18 @@ class ProbeRunner:
         progress: ProgressCallback | None = None,
         slot: int | None = None,
         scheduled: datetime | None = None,
+        size: int | None = None,
+        trigger: int | None = None,
     ) -> ProbeReport:
+        """One probe. A ``bisect`` probe carries a prompt of ``size`` tokens and is linked to
+        the failing probe that started its search (``trigger``)."""
         spec = target.spec
         marker = markers.new_marker()
         started = self.clock()
         plan: PlannedPrompt | None = None
         failure: Judgement | None = None
         try:
-            plan = await self._plan(target, kind, marker)
+            plan = await self._plan(target, kind, marker, size=size)
         except EngineAuthError as exc:
             failure = Judgement(Verdict.AUTH_ERROR, f"cannot plan the canary: {exc}")
         except (PlanningError, SizingError, WindowUnknown) as exc:
@@ -293,6 +332,7 @@ class ProbeRunner:
             marker=marker,
             streamed=spec.stream,
             plan=plan,
+            trigger=trigger,
         )
         probe_id = await self.results.begin(new)
         try:
@@ -309,8 +349,14 @@ class ProbeRunner:
                     progress=progress,
                 )
                 foreign = await self._foreign_markers(exchange, marker)
-                verdict_of = judge_edge if kind is ProbeKind.EDGE else judge
-                judgement = verdict_of(plan, exchange, foreign)
+                if kind is ProbeKind.EDGE:
+                    judgement = judge_edge(plan, exchange, foreign)
+                elif kind is ProbeKind.BISECT:
+                    # Served whole or not, exactly as an under probe of this size would be.
+                    as_under = dataclasses.replace(plan, kind=ProbeKind.UNDER)
+                    judgement = judge(as_under, exchange, foreign)
+                else:
+                    judgement = judge(plan, exchange, foreign)
                 if plan.note and judgement.verdict is not Verdict.PASS:
                     judgement.reason = f"{judgement.reason}; {plan.note}"
                 if exchange.prompt_tokens is not None:
@@ -344,6 +390,7 @@ class ProbeRunner:
         marker: str,
         streamed: bool,
         plan: PlannedPrompt | None = None,
+        trigger: int | None = None,
     ) -> NewProbe:
         return NewProbe(
             endpoint=target.spec.name,
@@ -362,15 +409,23 @@ class ProbeRunner:
             streamed=streamed,
             confirms_probe_id=confirms,
             slot=slot,
+            trigger_probe_id=trigger,
         )
 
-    async def _plan(self, target: Target, kind: ProbeKind, marker: str) -> PlannedPrompt:
+    async def _plan(
+        self, target: Target, kind: ProbeKind, marker: str, *, size: int | None = None
+    ) -> PlannedPrompt:
         spec = target.spec
         window = await self._window(target)
         counter = target.counter
         # An estimated count keeps a margin so estimation error cannot cross the boundary.
         margin = 0 if counter.exact else counter.tolerance(window)
-        if kind is ProbeKind.EDGE:
+        if kind is ProbeKind.BISECT:
+            if size is None:
+                raise SizingError("a bisect probe needs a prompt size")
+            # Exactly the size the search asked for: the planned count is what it judges.
+            tokens = size
+        elif kind is ProbeKind.EDGE:
             discovery = target.discovery or await target.engine.discover()
             pool = edge_pool(spec.kv_pool_tokens, discovery)
             if pool is None:
@@ -471,8 +526,14 @@ class ProbeRunner:
             duration_seconds=ex.total_seconds,
             confirms_probe_id=confirms,
             finished_at=finished,
+            error_body=_bounded(ex.error_body, ERROR_BODY_CHARS),
+            trigger_probe_id=new.trigger_probe_id,
         )
-        alert_states = self.alert_hook.evaluate(report, target) if self.alert_hook else ()
+        # Bisect probes are evidence for the served window: they never page and never count
+        # toward an alert's streak (their failures are the expected half of a search).
+        alert_states: Sequence[AlertStateRecord] = ()
+        if self.alert_hook is not None and kind is not ProbeKind.BISECT:
+            alert_states = self.alert_hook.evaluate(report, target)
         outcome = ProbeOutcome(
             verdict=judgement.verdict.value,
             reason=judgement.reason,
@@ -500,7 +561,8 @@ class ProbeRunner:
         # outage (delivery reads the evaluator's states, not the database).
         if self.alert_hook and alert_states:
             self.alert_hook.committed(alert_states)
-        self.metrics.observe(
+        observe = self.metrics.observe_tokens if kind is ProbeKind.BISECT else self.metrics.observe
+        observe(
             endpoint=spec.name,
             kind=kind.value,
             verdict=judgement.verdict,
@@ -527,6 +589,7 @@ class ProbeRunner:
             duration_seconds=_round(ex.total_seconds),
             tokenize_calls=plan.tokenize_calls if plan else 0,
             confirms_probe_id=confirms,
+            trigger_probe_id=new.trigger_probe_id,
             store_write_seconds=round(write_seconds, 4),
             slot=new.slot,
             lag_seconds=(

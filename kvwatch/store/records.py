@@ -34,6 +34,7 @@ class NewProbe:
     streamed: bool
     confirms_probe_id: int | None = None
     slot: int | None = None  # the scheduled slot (epoch seconds) it runs for
+    trigger_probe_id: int | None = None  # a bisect probe's trigger (the failing probe)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,6 +94,28 @@ class ProbeRow:
     confirms_probe_id: int | None
     slot: int | None = None
     region: str | None = None  # of the replica that ran it; None without multi-region mode
+    trigger_probe_id: int | None = None  # a bisect probe's trigger (the failing probe)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServedWindowRecord:
+    """One measurement of what an endpoint really serves (see kvwatch.served_window)."""
+
+    endpoint: str
+    measured_at: datetime
+    source: str  # "search" (bisect probes found it) | "recovered" (under passed again)
+    advertised_tokens: int
+    served_tokens: int  # the largest prompt proved whole; the advertised window if recovered
+    unserved_tokens: int | None  # the smallest prompt proved not whole (search only)
+    exact: bool  # served_tokens + 1 was proved not whole
+    probes: int  # bisect probes spent
+    prompt_tokens: int  # prompt tokens those probes sent
+    probe_id: int | None  # the trigger (search) or the passing under probe (recovered)
+
+    @property
+    def measured(self) -> bool:
+        """A search result, as opposed to the advertised window served again."""
+        return self.source == "search"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
