@@ -26,7 +26,7 @@ from kvwatch.alerting.evaluator import AlertEvaluator
 from kvwatch.alerting.policy import default_policy
 from kvwatch.config import Config, ConfigError, EndpointSpec, capacity_violations, load_config
 from kvwatch.engines.factory import build_engine
-from kvwatch.metrics import ConfigMetrics, ProbeMetrics
+from kvwatch.metrics import ConfigMetrics, ProbeMetrics, ServedWindowCollector
 from kvwatch.retention import retention_loop
 from kvwatch.runner import ProbeRunner, Target
 from kvwatch.scheduler import ProbeScheduler
@@ -179,6 +179,7 @@ async def build(config: Config, *, upgrade: bool = True, alerting: bool = True) 
     store = Store(create_engine_for(config.database), region=config.region)
     registry = CollectorRegistry()
     metrics = ProbeMetrics(registry)
+    registry.register(ServedWindowCollector(store.served_windows))
     client = build_http_client()
     targets = await asyncio.to_thread(
         build_targets, config.resolved_endpoints(), store, client, metrics

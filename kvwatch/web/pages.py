@@ -66,7 +66,10 @@ def build_pages(ctx: WebContext) -> APIRouter:
     def overview(request: Request) -> HTMLResponse:
         rows = []
         for o in queries.overview(recent=STRIP):
-            latest = {k.value: o.latest.get(k.value) for k in ProbeKind}
+            # Bisect probes are search steps, not a scheduled kind with a latest verdict.
+            latest = {
+                k.value: o.latest.get(k.value) for k in ProbeKind if k is not ProbeKind.BISECT
+            }
             status = worst(tone(p.verdict, p.state) for p in o.latest.values())
             rows.append({"o": o, "latest": latest, "status": status})
         return render(request, "overview.html", title="Overview", rows=rows)
@@ -87,6 +90,7 @@ def build_pages(ctx: WebContext) -> APIRouter:
             "endpoint.html",
             title=name,
             ep=ep,
+            served=ctx.store.served_windows(name).get(name),
             range=range,
             summary=queries.summary(name, since, until),
             timeline=svg.timeline(chart.buckets, chart.count, chart.start, until),

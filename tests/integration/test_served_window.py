@@ -15,6 +15,7 @@ import pytest
 
 from kvwatch.canary.model import ProbeKind, Verdict
 from kvwatch.canary.served import probe_budget
+from kvwatch.daemon import build
 from kvwatch.runner import ProbeReport, ProbeRunner, Target
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
@@ -179,3 +180,33 @@ async def test_the_search_can_be_switched_off(store: Store) -> None:
         reports = await failing_under(runner, targets["head"])
         assert BISECT not in [r.kind for r in reports]
         assert store.served_windows("head") == {}
+
+
+async def test_the_alert_description_and_the_gauge_carry_the_served_window(db_url: str) -> None:
+    """The firing alert's description names both windows; /metrics exports the served one."""
+    async with run_simulator(FLEET[:1]) as sim:
+        config = config_for([sim_endpoint_entry(sim, "head")], database=db_url)
+        built = await build(config)
+        try:
+            target = built.targets[0]
+            reports = await failing_under(built.runner, target)
+            assert BISECT in [r.kind for r in reports]
+            assert built.alerts is not None
+            (alert,) = [s for s in built.alerts.records() if s.state == "firing"]
+            assert alert.alertname == "KVWatchContextNotHonored"
+            assert "advertised 16,384 · served 6,144" in alert.annotations["description"]
+            stored = {s.alertname: s for s in built.store.load_alert_states()}
+            assert stored[alert.alertname].annotations == alert.annotations
+            # A later failure of the streak describes it too (not only the one annotated).
+            later = await built.runner.run_checked(target, UNDER)
+            assert BISECT not in [r.kind for r in later]
+            (alert,) = [s for s in built.alerts.records() if s.state == "firing"]
+            assert alert.last_probe_id == later[-1].probe_id
+            assert alert.annotations["description"].count("served 6,144") == 1
+            value = built.registry.get_sample_value(
+                "kvwatch_endpoint_served_window_tokens", {"endpoint": "head"}
+            )
+            assert value == POOL
+        finally:
+            await built.client.aclose()
+            built.store.engine.dispose()
