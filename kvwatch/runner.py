@@ -34,6 +34,7 @@ from kvwatch.canary.model import (
     Verdict,
 )
 from kvwatch.canary.planning import PlanningError, plan_prompt
+from kvwatch.canary.served import probe_budget
 from kvwatch.canary.sizing import (
     SizingError,
     edge_prompt_tokens,
@@ -151,8 +152,13 @@ class ProbeRunner:
         late it actually started (``lag_seconds``), the first sign of an overloaded replica.
         """
         spec = target.spec
-        # Long enough for the probe and its confirmation, each up to its deadline.
+        # Long enough for the probe and its confirmation, each up to its deadline, and for a
+        # served-window search that may follow a window failure (its steps run in the slot).
         ttl = 2 * spec.timeouts[kind] + 30
+        if spec.served_window and kind in (ProbeKind.UNDER, ProbeKind.CAPACITY):
+            edge = 2 * spec.timeouts[ProbeKind.EDGE] if kind is ProbeKind.CAPACITY else 0
+            window = target.window or spec.context_window or MAX_PLAUSIBLE_WINDOW
+            ttl += edge + probe_budget(window) * spec.timeouts[ProbeKind.BISECT]
         try:
             claimed = await asyncio.to_thread(
                 self.store.claim_slot, spec.name, kind.value, slot, self.replica, ttl

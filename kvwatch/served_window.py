@@ -141,7 +141,13 @@ class ServedWindowTracker:
         except StoreError as exc:
             log.warning("served_window_skipped", endpoint=spec.name, error=str(exc))
             return []
-        measurement = await self.search(runner, target, last)
+        try:
+            measurement = await self.search(runner, target, last)
+        except StoreError as exc:
+            # Without the last passing size there is no floor to search from; the next
+            # failure of the streak tries again.
+            log.warning("served_window_skipped", endpoint=spec.name, error=str(exc))
+            return []
         if measurement is None:
             return []
         try:

@@ -210,3 +210,17 @@ async def test_the_alert_description_and_the_gauge_carry_the_served_window(db_ur
         finally:
             await built.client.aclose()
             built.store.engine.dispose()
+
+
+async def test_a_restart_in_the_middle_of_a_streak_does_not_search_again(store: Store) -> None:
+    """The streak's measurement is read from the database by a fresh runner (a restart, or
+    another replica): the next failure spends no bisect probe, and its page describes it."""
+    async with run_simulator(FLEET[:1]) as sim, httpx.AsyncClient(timeout=None) as client:
+        config = config_for([sim_endpoint_entry(sim, "head")], database="sqlite:///unused.db")
+        targets, runner, _ = targets_and_runner(config, store, client)
+        assert BISECT in [r.kind for r in await failing_under(runner, targets["head"])]
+        targets, runner, _ = targets_and_runner(config, store, client)
+        again = await runner.run_checked(targets["head"], UNDER)
+        assert [r.kind for r in again] == [UNDER, UNDER]
+        assert targets["head"].served is not None
+        assert targets["head"].served.served_tokens == POOL
