@@ -26,8 +26,13 @@ depends_on: str | Sequence[str] | None = None
 _ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
+# Adding a foreign key makes SQLite's batch mode copy the table: the copy must keep
+# AUTOINCREMENT, or a pruned probe's id (a permalink) could be handed out again.
+_PROBES = {"sqlite_autoincrement": True}
+
+
 def upgrade() -> None:
-    with op.batch_alter_table("probes") as batch:
+    with op.batch_alter_table("probes", table_kwargs=_PROBES) as batch:
         batch.add_column(sa.Column("trigger_probe_id", _ID, nullable=True))
         batch.create_foreign_key(
             "fk_probes_trigger_probe_id_probes",
@@ -56,9 +61,7 @@ def upgrade() -> None:
             ),
             nullable=True,
         ),
-        sa.CheckConstraint(
-            "source IN ('search', 'recovered')", name="ck_served_windows_source"
-        ),
+        sa.CheckConstraint("source IN ('search', 'recovered')", name="ck_served_windows_source"),
         sa.PrimaryKeyConstraint("id", name="pk_served_windows"),
     )
     op.create_index(
@@ -71,6 +74,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_served_windows_endpoint_measured_at_id", table_name="served_windows")
     op.drop_table("served_windows")
-    with op.batch_alter_table("probes") as batch:
+    with op.batch_alter_table("probes", table_kwargs=_PROBES) as batch:
         batch.drop_constraint("fk_probes_trigger_probe_id_probes", type_="foreignkey")
         batch.drop_column("trigger_probe_id")
