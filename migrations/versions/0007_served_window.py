@@ -24,14 +24,13 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 _ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
-
-
-# Adding a foreign key makes SQLite's batch mode copy the table: the copy must keep
-# AUTOINCREMENT, or a pruned probe's id (a permalink) could be handed out again.
 _PROBES = {"sqlite_autoincrement": True}
 
 
 def upgrade() -> None:
+    # On SQLite, adding the foreign key rebuilds ``probes`` (batch mode); kvwatch runs
+    # migrations with foreign keys off there, so the rebuild fires no ON DELETE action, and
+    # the copy keeps AUTOINCREMENT (a pruned probe's id, a permalink, is never reused).
     with op.batch_alter_table("probes", table_kwargs=_PROBES) as batch:
         batch.add_column(sa.Column("trigger_probe_id", _ID, nullable=True))
         batch.create_foreign_key(
