@@ -165,6 +165,11 @@ def build_targets(
             {kind.value: spec.interval_seconds for kind in spec.probes},
         )
         targets.append(Target(spec=spec, endpoint_id=endpoint_id, engine=engine, counter=counter))
+    # The served window measured before a restart or reload: the streak it belongs to goes on,
+    # and the next page of that streak must describe it (the runner reads it again anyway).
+    served = store.served_windows() if targets else {}
+    for target in targets:
+        target.served = served.get(target.spec.name)
     return targets
 
 

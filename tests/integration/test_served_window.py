@@ -220,6 +220,7 @@ async def test_a_restart_in_the_middle_of_a_streak_does_not_search_again(store: 
         targets, runner, _ = targets_and_runner(config, store, client)
         assert BISECT in [r.kind for r in await failing_under(runner, targets["head"])]
         targets, runner, _ = targets_and_runner(config, store, client)
+        assert targets["head"].served is not None  # read back when the targets are built
         again = await runner.run_checked(targets["head"], UNDER)
         assert [r.kind for r in again] == [UNDER, UNDER]
         assert targets["head"].served is not None
