@@ -177,7 +177,8 @@ def _discovery_key(spec: EndpointSpec) -> str | None:
 @click.argument("name")
 @click.option(
     "--kind",
-    type=click.Choice([*[k.value for k in ProbeKind], "all"]),
+    # Bisect probes are served-window search steps: they run after a window failure.
+    type=click.Choice([*[k.value for k in ProbeKind if k is not ProbeKind.BISECT], "all"]),
     default="all",
     show_default=True,
 )
@@ -193,6 +194,8 @@ def probe(config_path: Path | None, name: str, kind: str, output: str) -> None:
             click.echo(json.dumps(report_json(report)))
     else:
         click.echo(format_table(reports))
+        if any(r.kind is ProbeKind.BISECT for r in reports):
+            click.echo(_served_line(config, name))
     # A healthy Ollama cuts the over prompt as documented; failing the gate on that would
     # make the gate useless for it (every deploy would be forced past a red check).
     raise SystemExit(0 if reports and all(r.verdict in HEALTHY for r in reports) else 1)
@@ -255,6 +258,7 @@ def report_json(r: ProbeReport) -> dict[str, Any]:
         ],
         "duration_seconds": r.duration_seconds,
         "confirms_probe_id": r.confirms_probe_id,
+        "trigger_probe_id": r.trigger_probe_id,
         "finished_at": r.finished_at.isoformat(),
     }
 
@@ -279,7 +283,9 @@ def format_table(reports: list[ProbeReport]) -> str:
         (
             str(r.probe_id),
             r.endpoint,
-            r.kind.value + (" (confirm)" if r.confirms_probe_id else ""),
+            r.kind.value
+            + (" (confirm)" if r.confirms_probe_id else "")
+            + (f" (after {r.trigger_probe_id})" if r.trigger_probe_id else ""),
             *((r.tenant or "-",) if tenanted else ()),
             r.verdict.value,
             "-" if r.status is None else str(r.status),
@@ -493,6 +499,75 @@ def _probe_text(p: Any) -> str:
     if p.error_detail:
         lines.append(f"  error detail:  {p.error_detail}")
     return "\n".join(lines)
+
+
+def _served_line(config: Config, name: str) -> str:
+    from kvwatch.served_window import describe
+    from kvwatch.store.engine import create_engine_for
+    from kvwatch.store.repository import Store
+
+    engine = create_engine_for(config.database)
+    try:
+        record = Store(engine).served_windows(name).get(name)
+    finally:
+        engine.dispose()
+    return "" if record is None else describe(record)
+
+
+@main.command("served-window")
+@config_option
+@click.argument("name", required=False)
+@click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def served_window(config_path: Path | None, name: str | None, output: str) -> None:
+    """What each endpoint really serves, as last measured after a window failure."""
+    from kvwatch.store.engine import create_engine_for
+    from kvwatch.store.repository import Store
+
+    config = _load(config_path)
+    engine = create_engine_for(config.database)
+    try:
+        windows = Store(engine).served_windows(name)
+    finally:
+        engine.dispose()
+    if output == "json":
+        for endpoint, w in sorted(windows.items()):
+            click.echo(
+                json.dumps(
+                    {
+                        "endpoint": endpoint,
+                        "source": w.source,
+                        "advertised_tokens": w.advertised_tokens,
+                        "served_tokens": w.served_tokens,
+                        "unserved_tokens": w.unserved_tokens,
+                        "exact": w.exact,
+                        "probes": w.probes,
+                        "prompt_tokens": w.prompt_tokens,
+                        "probe_id": w.probe_id,
+                        "measured_at": w.measured_at.isoformat(),
+                    }
+                )
+            )
+        return
+    if not windows:
+        click.echo("no served window measured yet" + (f" for {name}" if name else ""))
+        return
+    header = ("ENDPOINT", "ADVERTISED", "SERVED", "SOURCE", "EXACT", "PROBES", "PROBE", "MEASURED")
+    rows = [header] + [
+        (
+            endpoint,
+            f"{w.advertised_tokens:,}",
+            f"{w.served_tokens:,}",
+            w.source,
+            "yes" if w.exact else f"< {w.unserved_tokens:,}" if w.unserved_tokens else "no",
+            str(w.probes),
+            "-" if w.probe_id is None else str(w.probe_id),
+            w.measured_at.isoformat(timespec="seconds"),
+        )
+        for endpoint, w in sorted(windows.items())
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
 @main.command()

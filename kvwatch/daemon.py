@@ -28,7 +28,7 @@ from kvwatch.alerting.policy import default_policy
 from kvwatch.config import Config, ConfigError, EndpointSpec, capacity_violations, load_config
 from kvwatch.engines.base import Engine
 from kvwatch.engines.factory import build_engine
-from kvwatch.metrics import ConfigMetrics, ProbeMetrics
+from kvwatch.metrics import ConfigMetrics, ProbeMetrics, ServedWindowCollector
 from kvwatch.retention import retention_loop
 from kvwatch.runner import ProbeRunner, Target
 from kvwatch.scheduler import ProbeScheduler
@@ -183,6 +183,11 @@ def build_targets(
                 tenant_engines=tenant_engines,
             )
         )
+    # The served window measured before a restart or reload: the streak it belongs to goes on,
+    # and the next page of that streak must describe it (the runner reads it again anyway).
+    served = store.served_windows() if targets else {}
+    for target in targets:
+        target.served = served.get(target.spec.name)
     return targets
 
 
@@ -197,6 +202,7 @@ async def build(config: Config, *, upgrade: bool = True, alerting: bool = True) 
     store = Store(create_engine_for(config.database), region=config.region)
     registry = CollectorRegistry()
     metrics = ProbeMetrics(registry)
+    registry.register(ServedWindowCollector(store.served_windows))
     client = build_http_client()
     targets = await asyncio.to_thread(
         build_targets, config.resolved_endpoints(), store, client, metrics

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
+from typing import Protocol
 
+import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from kvwatch import __version__
 from kvwatch.canary.model import HEALTHY, Verdict
@@ -187,10 +192,86 @@ class ProbeMetrics:
         self.reported_tokens.labels(endpoint, kind).set(
             float("nan") if reported is None else reported
         )
+        self.observe_tokens(
+            endpoint=endpoint,
+            kind=kind,
+            verdict=verdict,
+            finished_at=finished_at,
+            duration=duration,
+            planned=planned,
+            reported=reported,
+            completion=completion,
+        )
+
+    def observe_tokens(
+        self,
+        *,
+        endpoint: str,
+        kind: str,
+        verdict: Verdict,
+        finished_at: datetime,
+        duration: float | None,
+        planned: int | None,
+        reported: int | None,
+        completion: int | None,
+    ) -> None:
+        """Count only the tokens a probe spent. For bisect probes: their verdicts are search
+        steps, and per-probe gauges (last verdict, success) would look like an incident."""
         if reported is not None:
             self.canary_tokens.labels(endpoint, kind, "prompt").inc(reported)
         if completion is not None:
             self.canary_tokens.labels(endpoint, kind, "completion").inc(completion)
+
+
+class ServedWindow(Protocol):
+    """What the gauge needs of a stored served-window measurement."""
+
+    @property
+    def served_tokens(self) -> int: ...
+    @property
+    def advertised_tokens(self) -> int: ...
+
+
+class ServedWindowCollector(Collector):
+    """``kvwatch_endpoint_served_window_tokens``, read from the database at scrape time.
+
+    The measurement lives in the store (written by whichever replica ran the search), so it is
+    exported from there rather than mirrored by hand: every replica shows the same number,
+    and a restart does not lose it. A database that cannot answer yields no sample (absent,
+    not a stale or invented number) and never fails the scrape.
+    """
+
+    def __init__(self, read: Callable[[], Mapping[str, ServedWindow]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        served = GaugeMetricFamily(
+            "kvwatch_endpoint_served_window_tokens",
+            "The largest prompt the endpoint serves whole, as last measured after a window "
+            "failure; the advertised window once an under probe passes again.",
+            labels=["endpoint"],
+        )
+        advertised = GaugeMetricFamily(
+            "kvwatch_endpoint_advertised_window_tokens",
+            "The window the served window was measured against.",
+            labels=["endpoint"],
+        )
+        try:
+            windows = self._read()
+        except Exception as exc:  # the database is down: no sample rather than no scrape
+            structlog.get_logger("kvwatch.metrics").warning(
+                "served_window_unavailable", error=str(exc)
+            )
+            windows = {}
+        for endpoint, window in sorted(windows.items()):
+            served.add_metric([endpoint], window.served_tokens)
+            advertised.add_metric([endpoint], window.advertised_tokens)
+        yield served
+        yield advertised
+
+    def describe(self) -> Iterator[Metric]:
+        # Registration must not query the database (it may not be up yet).
+        return iter(())
 
 
 class ConfigMetrics:

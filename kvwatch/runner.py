@@ -34,6 +34,7 @@ from kvwatch.canary.model import (
     Verdict,
 )
 from kvwatch.canary.planning import PlanningError, plan_prompt
+from kvwatch.canary.served import probe_budget
 from kvwatch.canary.sizing import (
     SizingError,
     edge_prompt_tokens,
@@ -45,8 +46,14 @@ from kvwatch.capacity import assess, edge_pool
 from kvwatch.config import EndpointSpec, TenantSpec
 from kvwatch.engines.base import Discovery, Engine, EngineAuthError, ProgressCallback
 from kvwatch.metrics import ProbeMetrics
+from kvwatch.served_window import ServedWindowTracker
 from kvwatch.store.errors import StoreError, StoreUnavailable
-from kvwatch.store.records import AlertStateRecord, NewProbe, ProbeOutcome
+from kvwatch.store.records import (
+    AlertStateRecord,
+    NewProbe,
+    ProbeOutcome,
+    ServedWindowRecord,
+)
 from kvwatch.store.repository import Store
 from kvwatch.tokens.base import TokenCounter
 from kvwatch.writebehind import PendingResult, ResultBuffer
@@ -111,6 +118,8 @@ class Target:
             return tenant_for_slot(spec.tenants, slot, spec.interval_seconds)
         return spec.default_tenant
 
+    served: ServedWindowRecord | None = None  # the last served-window measurement, if read
+
 
 @dataclass(frozen=True, slots=True)
 class ProbeReport:
@@ -131,6 +140,8 @@ class ProbeReport:
     confirms_probe_id: int | None
     finished_at: datetime
     tenant: str | None = None  # whose credentials it was sent with; None: the endpoint's key
+    error_body: str | None = None  # bounded: where a rejection states the engine's limit
+    trigger_probe_id: int | None = None  # a bisect probe's trigger
 
 
 class AlertHook(Protocol):
@@ -144,6 +155,13 @@ class AlertHook(Protocol):
         """The states were stored: adopt them and wake delivery."""
         ...
 
+    def served_window(
+        self, endpoint: str, record: ServedWindowRecord
+    ) -> Sequence[AlertStateRecord]:
+        """The endpoint's active window alerts with the measured served window in their
+        description; to be stored, then adopted with :meth:`committed`."""
+        ...
+
 
 @dataclass
 class ProbeRunner:
@@ -155,9 +173,12 @@ class ProbeRunner:
     alert_hook: AlertHook | None = None
     # Results wait here, in order, while the database is unreachable: probing goes on.
     results: ResultBuffer = field(init=False)
+    # What the endpoint really serves, measured after a window failure.
+    served: ServedWindowTracker = field(init=False)
 
     def __post_init__(self) -> None:
         self.results = ResultBuffer(self.store, self.metrics.registry)
+        self.served = ServedWindowTracker(self.store, self.clock)
 
     async def run_slot(
         self, target: Target, kind: ProbeKind, slot: int, *, scheduled: datetime | None = None
@@ -169,8 +190,13 @@ class ProbeRunner:
         late it actually started (``lag_seconds``), the first sign of an overloaded replica.
         """
         spec = target.spec
-        # Long enough for the probe and its confirmation, each up to its deadline.
+        # Long enough for the probe and its confirmation, each up to its deadline, and for a
+        # served-window search that may follow a window failure (its steps run in the slot).
         ttl = 2 * spec.timeouts[kind] + 30
+        if spec.served_window and kind in (ProbeKind.UNDER, ProbeKind.CAPACITY):
+            edge = 2 * spec.timeouts[ProbeKind.EDGE] if kind is ProbeKind.CAPACITY else 0
+            window = target.window or spec.context_window or MAX_PLAUSIBLE_WINDOW
+            ttl += edge + probe_budget(window) * spec.timeouts[ProbeKind.BISECT]
         try:
             claimed = await asyncio.to_thread(
                 self.store.claim_slot, spec.name, kind.value, slot, self.replica, ttl
@@ -247,7 +273,23 @@ class ProbeRunner:
             reports += await self.run_checked(
                 target, ProbeKind.EDGE, progress=progress, tenant=edge_tenant
             )
-        return reports
+        steps = await self.served.after(self, target, kind, reports)
+        if steps and self.alert_hook is not None and target.served is not None:
+            await self._annotate_alerts(target, target.served)
+        return reports + steps
+
+    async def _annotate_alerts(self, target: Target, record: ServedWindowRecord) -> None:
+        """Put the measured served window into the endpoint's active alerts at once (the
+        next re-send carries it), not only into those raised by later probes."""
+        assert self.alert_hook is not None
+        records = self.alert_hook.served_window(target.spec.name, record)
+        if not records:
+            return
+        try:
+            await asyncio.to_thread(self.store.save_alert_states, records)
+        except StoreError as exc:
+            log.warning("alert_states_not_saved", endpoint=target.spec.name, error=str(exc))
+        self.alert_hook.committed(records)
 
     async def _run_capacity(
         self,
@@ -321,10 +363,14 @@ class ProbeRunner:
         slot: int | None = None,
         scheduled: datetime | None = None,
         tenant: TenantSpec | None = None,
+        size: int | None = None,
+        trigger: int | None = None,
     ) -> ProbeReport:
         """One probe. ``tenant``: whose credentials the canary is sent with (default: the
         endpoint's identity, see :meth:`Target.tenant_of`); planning always uses the
-        endpoint's own, as token counts do not depend on who asks."""
+        endpoint's own, as token counts do not depend on who asks. A ``bisect`` probe carries
+        a prompt of ``size`` tokens and is linked to the failing probe that started its
+        search (``trigger``)."""
         spec = target.spec
         tenant = tenant or spec.default_tenant
         tenant_name = None if tenant is None else tenant.name
@@ -333,7 +379,7 @@ class ProbeRunner:
         plan: PlannedPrompt | None = None
         failure: Judgement | None = None
         try:
-            plan = await self._plan(target, kind, marker)
+            plan = await self._plan(target, kind, marker, size=size)
         except EngineAuthError as exc:
             failure = Judgement(Verdict.AUTH_ERROR, f"cannot plan the canary: {exc}")
         except (PlanningError, SizingError, WindowUnknown) as exc:
@@ -354,6 +400,7 @@ class ProbeRunner:
             streamed=spec.stream,
             plan=plan,
             tenant=tenant,
+            trigger=trigger,
         )
         probe_id = await self.results.begin(new)
         try:
@@ -372,6 +419,10 @@ class ProbeRunner:
                 foreign = await self._foreign_markers(exchange, marker)
                 if kind is ProbeKind.EDGE:
                     judgement = judge_edge(plan, exchange, foreign, tenant=tenant_name)
+                elif kind is ProbeKind.BISECT:
+                    # Served whole or not, exactly as an under probe of this size would be.
+                    as_under = dataclasses.replace(plan, kind=ProbeKind.UNDER)
+                    judgement = judge(as_under, exchange, foreign, tenant=tenant_name)
                 else:
                     # An engine without a hard limit is judged on how it cut the over
                     # prompt: to the window the probe was sized against.
@@ -418,6 +469,7 @@ class ProbeRunner:
         streamed: bool,
         plan: PlannedPrompt | None = None,
         tenant: TenantSpec | None = None,
+        trigger: int | None = None,
     ) -> NewProbe:
         return NewProbe(
             endpoint=target.spec.name,
@@ -437,15 +489,23 @@ class ProbeRunner:
             confirms_probe_id=confirms,
             slot=slot,
             tenant=None if tenant is None else tenant.name,
+            trigger_probe_id=trigger,
         )
 
-    async def _plan(self, target: Target, kind: ProbeKind, marker: str) -> PlannedPrompt:
+    async def _plan(
+        self, target: Target, kind: ProbeKind, marker: str, *, size: int | None = None
+    ) -> PlannedPrompt:
         spec = target.spec
         window = await self._window(target)
         counter = target.counter
         # An estimated count keeps a margin so estimation error cannot cross the boundary.
         margin = 0 if counter.exact else counter.tolerance(window)
-        if kind is ProbeKind.EDGE:
+        if kind is ProbeKind.BISECT:
+            if size is None:
+                raise SizingError("a bisect probe needs a prompt size")
+            # Exactly the size the search asked for: the planned count is what it judges.
+            tokens = size
+        elif kind is ProbeKind.EDGE:
             discovery = target.discovery or await target.engine.discover()
             pool = edge_pool(spec.kv_pool_tokens, discovery)
             if pool is None:
@@ -547,8 +607,14 @@ class ProbeRunner:
             confirms_probe_id=confirms,
             finished_at=finished,
             tenant=new.tenant,
+            error_body=_bounded(ex.error_body, ERROR_BODY_CHARS),
+            trigger_probe_id=new.trigger_probe_id,
         )
-        alert_states = self.alert_hook.evaluate(report, target) if self.alert_hook else ()
+        # Bisect probes are evidence for the served window: they never page and never count
+        # toward an alert's streak (their failures are the expected half of a search).
+        alert_states: Sequence[AlertStateRecord] = ()
+        if self.alert_hook is not None and kind is not ProbeKind.BISECT:
+            alert_states = self.alert_hook.evaluate(report, target)
         outcome = ProbeOutcome(
             verdict=judgement.verdict.value,
             reason=judgement.reason,
@@ -576,7 +642,8 @@ class ProbeRunner:
         # outage (delivery reads the evaluator's states, not the database).
         if self.alert_hook and alert_states:
             self.alert_hook.committed(alert_states)
-        self.metrics.observe(
+        observe = self.metrics.observe_tokens if kind is ProbeKind.BISECT else self.metrics.observe
+        observe(
             endpoint=spec.name,
             kind=kind.value,
             verdict=judgement.verdict,
@@ -616,6 +683,7 @@ class ProbeRunner:
             duration_seconds=_round(ex.total_seconds),
             tokenize_calls=plan.tokenize_calls if plan else 0,
             confirms_probe_id=confirms,
+            trigger_probe_id=new.trigger_probe_id,
             store_write_seconds=round(write_seconds, 4),
             slot=new.slot,
             lag_seconds=(

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from kvwatch import served_window
 from kvwatch.alerting.policy import AlertingPolicy
 from kvwatch.alerting.state import (
     AlertKey,
@@ -22,11 +23,22 @@ from kvwatch.alerting.state import (
     Evidence,
     ProbeEvent,
     evaluate,
+    with_served_window,
 )
-from kvwatch.store.records import AlertStateRecord
+from kvwatch.store.records import AlertStateRecord, ServedWindowRecord
 
 if TYPE_CHECKING:
     from kvwatch.runner import ProbeReport, Target
+
+# Probe kinds whose failures the served window explains.
+_WINDOW_PROBES = frozenset({"under", "edge"})
+
+
+def _served_sentence(report: ProbeReport, target: Target) -> str | None:
+    record = target.served
+    if record is None or not record.measured or report.kind.value not in _WINDOW_PROBES:
+        return None
+    return served_window.describe(record)
 
 
 class AlertEvaluator:
@@ -62,6 +74,7 @@ class AlertEvaluator:
                 status=report.status,
                 marker_found=report.marker_found,
                 foreign=report.foreign,
+                served_window=_served_sentence(report, target),
             ),
             # A result still waiting for the database has no page to link to yet.
             generator_url=(None if report.probe_id is None else self._probe_url(report.probe_id)),
@@ -77,6 +90,24 @@ class AlertEvaluator:
             self._states[state.key] = state
         if records:
             self.wake()
+
+    def served_window(self, endpoint: str, record: ServedWindowRecord) -> list[AlertStateRecord]:
+        """The endpoint's active window alerts (raised by under or edge probes) with the
+        measured served window in their description: the next re-send carries it."""
+        sentence = served_window.describe(record)
+        now = self._clock()
+        changed = []
+        for state in self._states.values():
+            if (
+                state.endpoint != endpoint
+                or state.state not in ("firing", "pending")
+                or state.probe not in _WINDOW_PROBES
+            ):
+                continue
+            description = with_served_window(state.annotations.get("description", ""), sentence)
+            annotations = {**state.annotations, "description": description}
+            changed.append(dataclasses.replace(state, annotations=annotations, updated_at=now))
+        return [AlertStateRecord(**dataclasses.asdict(c)) for c in changed]
 
     def retire(self, endpoint: str) -> list[AlertStateRecord]:
         """An endpoint left the config: resolve its firing alerts, drop its pending ones."""

@@ -142,6 +142,9 @@ class Evidence:
     status: int | None = None
     marker_found: bool | None = None
     foreign: tuple[ForeignMarker, ...] = ()
+    # What the endpoint really serves, once measured after a window failure: one sentence
+    # ("Served window: advertised … · served …"), the answer to on-call's first question.
+    served_window: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -365,4 +368,15 @@ def describe(event: ProbeEvent, *, region: str | None = None) -> str:
     if len(ev.foreign) > _MAX_FOREIGN_IN_DESCRIPTION:
         more = len(ev.foreign) - _MAX_FOREIGN_IN_DESCRIPTION
         sentences.append(f"{more} more foreign markers are listed on the probe page.")
+    if ev.served_window:
+        sentences.append(ev.served_window)
     return " ".join(sentences)
+
+
+SERVED_WINDOW_PREFIX = "Served window:"
+
+
+def with_served_window(description: str, sentence: str) -> str:
+    """``description`` with its served-window sentence replaced by (or ended with) this one."""
+    head, _, _ = description.partition(f" {SERVED_WINDOW_PREFIX}")
+    return f"{head} {sentence}"

@@ -20,6 +20,9 @@ class ProbeKind(enum.StrEnum):
     # Just over the KV pool, inside the window: run by the capacity check when an engine
     # reports a pool smaller than its window (the gap where the incident happened).
     EDGE = "edge"
+    # A step of the served-window search after a window failure (kvwatch.canary.served):
+    # evidence linked to its trigger, never scheduled, never paging.
+    BISECT = "bisect"
 
 
 class Verdict(enum.StrEnum):

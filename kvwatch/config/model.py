@@ -107,6 +107,8 @@ class Timeouts(_Strict):
     capacity: Duration = 30.0
     # Just over the KV pool: as long a prefill as under.
     edge: Duration = 600.0
+    # One step of the served-window search: up to as long a prefill as under.
+    bisect: Duration = 600.0
 
 
 class TimeoutOverrides(_Strict):
@@ -117,6 +119,7 @@ class TimeoutOverrides(_Strict):
     baseline: Duration | None = None
     capacity: Duration | None = None
     edge: Duration | None = None
+    bisect: Duration | None = None
 
 
 def _unique_depths(depths: list[float]) -> None:
@@ -140,6 +143,8 @@ class Defaults(_Strict):
     marker_depths: list[MarkerDepth] = Field(default=[0.0], min_length=1)
     # Re-check a critical failure once before paging (DESIGN §2).
     confirm: Flag = True
+    # After a window failure, search for the largest prompt the endpoint serves whole.
+    served_window: Flag = True
     body_limit_bytes: PositiveInt = 4 * 1024 * 1024
 
     @model_validator(mode="after")
@@ -187,6 +192,7 @@ class Endpoint(_Strict):
     timeouts: TimeoutOverrides | None = None
     marker_depths: list[MarkerDepth] | None = Field(default=None, min_length=1)
     confirm: Flag | None = None
+    served_window: Flag | None = None
     body_limit_bytes: PositiveInt | None = None
 
     @model_validator(mode="after")

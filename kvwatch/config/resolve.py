@@ -61,6 +61,8 @@ class EndpointSpec:
     confirm: bool
     body_limit_bytes: int
     labels: Mapping[str, str]
+    # Search the served window after a window failure (kvwatch.served_window).
+    served_window: bool = True
     # Under and edge probes rotate through these (kvwatch.runner.tenant_for_slot); empty:
     # every probe uses ``api_key``.
     tenants: tuple[TenantSpec, ...] = ()
@@ -107,6 +109,7 @@ def resolve_endpoint(endpoint: Endpoint, defaults: Defaults) -> EndpointSpec:
         stream=_pick(endpoint.stream, defaults.stream),
         marker_depths=tuple(_pick(endpoint.marker_depths, defaults.marker_depths)),
         confirm=_pick(endpoint.confirm, defaults.confirm),
+        served_window=_pick(endpoint.served_window, defaults.served_window),
         body_limit_bytes=_pick(endpoint.body_limit_bytes, defaults.body_limit_bytes),
         labels=MappingProxyType(dict(endpoint.labels)),
         tenants=tuple(

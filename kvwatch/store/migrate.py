@@ -65,15 +65,37 @@ def downgrade_engine(engine: Engine, revision: str) -> None:
 def _run(engine: Engine, revision: str, *, downgrade: bool) -> None:
     config = alembic_config()
     try:
-        with engine.begin() as connection:
-            if connection.dialect.name == "postgresql":
-                # Released at commit; a second replica waits, then finds nothing to do.
-                connection.execute(select(func.pg_advisory_xact_lock(_ADVISORY_LOCK_KEY)))
-            config.attributes["connection"] = connection
-            if downgrade:
-                command.downgrade(config, revision)
-            else:
-                command.upgrade(config, revision)
+        with engine.connect() as connection:
+            sqlite = connection.dialect.name == "sqlite"
+            if sqlite:
+                # SQLite's own procedure for schema changes: batch mode rebuilds a table by
+                # copying it and dropping the old one, and with foreign keys on that drop
+                # fires the ON DELETE actions of every row pointing at it (a rebuilt
+                # ``probes`` would delete every marker). The pragma is a no-op inside a
+                # transaction, so it is set before one begins and checked before commit.
+                connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+                connection.commit()
+            try:
+                with connection.begin():
+                    if connection.dialect.name == "postgresql":
+                        # Released at commit; a second replica waits, then finds nothing.
+                        connection.execute(select(func.pg_advisory_xact_lock(_ADVISORY_LOCK_KEY)))
+                    config.attributes["connection"] = connection
+                    if downgrade:
+                        command.downgrade(config, revision)
+                    else:
+                        command.upgrade(config, revision)
+                    if sqlite:
+                        broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
+                        if broken:
+                            raise StoreError(
+                                f"migration to {revision} would leave {len(broken)} broken "
+                                f"references (first: {tuple(broken[0])}); rolled back"
+                            )
+            finally:
+                if sqlite:
+                    connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+                    connection.commit()
     except SQLAlchemyError as exc:
         raise StoreError(f"migration to {revision} failed: {exc}") from exc
 

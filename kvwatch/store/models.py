@@ -142,6 +142,43 @@ class Probe(Base):
     # The tenant whose credentials the request was sent with (migration 0006); NULL when it
     # used the endpoint's own api_key.
     tenant: Mapped[str | None] = mapped_column(String(TENANT_LENGTH))
+    # A bisect probe's trigger: the failing probe whose served window it helped measure
+    # (migration 0007). Like a confirmation, it must survive the pruning of its trigger.
+    trigger_probe_id: Mapped[int | None] = mapped_column(
+        Id, ForeignKey("probes.id", ondelete="SET NULL")
+    )
+
+
+SERVED_WINDOW_SOURCES = ("search", "recovered")
+
+
+class ServedWindow(Base):
+    """What an endpoint really serves (migration 0007), one row per measurement.
+
+    ``search``: the largest prompt served whole, found by bisect probes after a window
+    failure (``served_tokens`` passed, ``unserved_tokens`` did not). ``recovered``: an under
+    probe passed again, so the advertised window is served (``served_tokens`` = advertised).
+    An endpoint's current served window is its latest row.
+    """
+
+    __tablename__ = "served_windows"
+    __table_args__ = (
+        CheckConstraint(_in("source", SERVED_WINDOW_SOURCES), name="source"),
+        Index(None, "endpoint", "measured_at", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    endpoint: Mapped[str] = mapped_column(String(200))
+    measured_at: Mapped[datetime]
+    source: Mapped[str] = mapped_column(String(16))
+    advertised_tokens: Mapped[int] = mapped_column(BigInteger)
+    served_tokens: Mapped[int] = mapped_column(BigInteger)
+    unserved_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    exact: Mapped[bool] = mapped_column(Boolean)
+    probes: Mapped[int] = mapped_column(Integer)  # bisect probes the measurement spent
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)  # tokens those probes sent
+    # The failing probe that started the search, or the passing under probe that ended it.
+    probe_id: Mapped[int | None] = mapped_column(Id, ForeignKey("probes.id", ondelete="SET NULL"))
 
 
 class Marker(Base):

@@ -35,6 +35,7 @@ class NewProbe:
     confirms_probe_id: int | None = None
     slot: int | None = None  # the scheduled slot (epoch seconds) it runs for
     tenant: str | None = None  # whose credentials it is sent with; None: the endpoint's key
+    trigger_probe_id: int | None = None  # a bisect probe's trigger (the failing probe)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +96,28 @@ class ProbeRow:
     slot: int | None = None
     region: str | None = None  # of the replica that ran it; None without multi-region mode
     tenant: str | None = None  # whose credentials it was sent with; None: the endpoint's key
+    trigger_probe_id: int | None = None  # a bisect probe's trigger (the failing probe)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServedWindowRecord:
+    """One measurement of what an endpoint really serves (see kvwatch.served_window)."""
+
+    endpoint: str
+    measured_at: datetime
+    source: str  # "search" (bisect probes found it) | "recovered" (under passed again)
+    advertised_tokens: int
+    served_tokens: int  # the largest prompt proved whole; the advertised window if recovered
+    unserved_tokens: int | None  # the smallest prompt proved not whole (search only)
+    exact: bool  # served_tokens + 1 was proved not whole
+    probes: int  # bisect probes spent
+    prompt_tokens: int  # prompt tokens those probes sent
+    probe_id: int | None  # the trigger (search) or the passing under probe (recovered)
+
+    @property
+    def measured(self) -> bool:
+        """A search result, as opposed to the advertised window served again."""
+        return self.source == "search"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -6,6 +6,7 @@ returns frozen records, so nothing database-shaped escapes.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -22,12 +23,13 @@ from kvwatch.canary.model import ForeignMarker, ProbeState
 from kvwatch.store import rollups
 from kvwatch.store.errors import StoreError, StoreUnavailable
 from kvwatch.store.migrate import current_revision, head_revision
-from kvwatch.store.models import AlertState, Endpoint, Marker, Probe, ProbeSlot
+from kvwatch.store.models import AlertState, Endpoint, Marker, Probe, ProbeSlot, ServedWindow
 from kvwatch.store.records import (
     AlertStateRecord,
     NewProbe,
     ProbeOutcome,
     ProbeRow,
+    ServedWindowRecord,
     foreign_marker_from_json,
     foreign_marker_to_json,
 )
@@ -402,6 +404,43 @@ class Store:
         with self._errors("could not save alert states"), self._write() as s:
             self._upsert_alert_states(s, records)
 
+    # -- served windows -------------------------------------------------------------------
+
+    def record_served_window(self, record: ServedWindowRecord) -> None:
+        """Store one measurement of what an endpoint really serves."""
+        with self._errors("could not record a served window"), self._write() as s:
+            s.add(ServedWindow(**dataclasses.asdict(record)))
+
+    def served_windows(self, endpoint: str | None = None) -> dict[str, ServedWindowRecord]:
+        """The latest measurement of each endpoint (or of one), by endpoint name."""
+        latest = (
+            select(ServedWindow.endpoint, func.max(ServedWindow.id).label("id"))
+            .group_by(ServedWindow.endpoint)
+            .subquery()
+        )
+        query = select(ServedWindow).join(latest, ServedWindow.id == latest.c.id)
+        if endpoint is not None:
+            query = query.where(ServedWindow.endpoint == endpoint)
+        with self._errors("could not read served windows"), self._sessions() as s:
+            return {row.endpoint: _served_window(row) for row in s.scalars(query)}
+
+    def last_passing_size(self, endpoint: str, kinds: Sequence[str], below: int) -> int | None:
+        """Prompt tokens of the latest passing probe of ``kinds`` smaller than ``below``: the
+        size the served-window search may start from."""
+        query = (
+            select(Probe.planned_prompt_tokens)
+            .where(
+                Probe.endpoint == endpoint,
+                Probe.kind.in_(list(kinds)),
+                Probe.verdict == "pass",
+                Probe.planned_prompt_tokens < below,
+            )
+            .order_by(Probe.started_at.desc(), Probe.id.desc())
+            .limit(1)
+        )
+        with self._errors("could not read the last passing probe"), self._sessions() as s:
+            return s.scalar(query)
+
     # -- retention ------------------------------------------------------------------------
 
     def prune(
@@ -557,6 +596,22 @@ def _probe_row(row: Probe) -> ProbeRow:
         slot=row.slot,
         region=row.region,
         tenant=row.tenant,
+        trigger_probe_id=row.trigger_probe_id,
+    )
+
+
+def _served_window(row: ServedWindow) -> ServedWindowRecord:
+    return ServedWindowRecord(
+        endpoint=row.endpoint,
+        measured_at=row.measured_at,
+        source=row.source,
+        advertised_tokens=row.advertised_tokens,
+        served_tokens=row.served_tokens,
+        unserved_tokens=row.unserved_tokens,
+        exact=row.exact,
+        probes=row.probes,
+        prompt_tokens=row.prompt_tokens,
+        probe_id=row.probe_id,
     )
 
 
@@ -581,6 +636,7 @@ def _add_probe(session: Session, p: NewProbe, *, state: ProbeState, **values: An
         confirms_probe_id=p.confirms_probe_id,
         slot=p.slot,
         tenant=p.tenant,
+        trigger_probe_id=p.trigger_probe_id,
         **values,
     )
     session.add(row)

@@ -71,7 +71,11 @@ def build_api(ctx: WebContext) -> APIRouter:
 
     @router.get("/endpoints", summary="Endpoints with their latest verdict per probe kind")
     def endpoints() -> list[schemas.Endpoint]:
-        return [schemas.endpoint(settings, o) for o in queries.overview(recent=0)]
+        served = ctx.store.served_windows()
+        return [
+            schemas.endpoint(settings, o, served.get(o.endpoint.name))
+            for o in queries.overview(recent=0)
+        ]
 
     @router.get(
         "/endpoints/{name}/summary",

@@ -68,11 +68,16 @@ def build_pages(ctx: WebContext) -> APIRouter:
         # The header and every row are built from this one list, so a column's heading is
         # always the kind of the badges under it. Only kinds some endpoint on the page has run
         # get a column: edge runs only when a pool is short, and most fleets never see it.
-        kinds = [k.value for k in ProbeKind if any(k.value in o.latest for o in overviews)]
+        # Bisect probes are search steps, not a scheduled kind with a latest verdict.
+        kinds = [
+            k.value
+            for k in ProbeKind
+            if k is not ProbeKind.BISECT and any(k.value in o.latest for o in overviews)
+        ]
         rows = []
         for o in overviews:
             latest = [(kind, o.latest.get(kind)) for kind in kinds]
-            status = worst(tone(p.verdict, p.state) for p in o.latest.values())
+            status = worst(tone(p.verdict, p.state) for _, p in latest if p is not None)
             rows.append({"o": o, "latest": latest, "status": status})
         return render(request, "overview.html", title="Overview", kinds=kinds, rows=rows)
 
@@ -92,6 +97,7 @@ def build_pages(ctx: WebContext) -> APIRouter:
             "endpoint.html",
             title=name,
             ep=ep,
+            served=ctx.store.served_windows(name).get(name),
             range=range,
             summary=queries.summary(name, since, until),
             timeline=svg.timeline(chart.buckets, chart.count, chart.start, until),

@@ -10,8 +10,9 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvwatch.canary.model import ProbeKind
 from kvwatch.store.queries import EndpointOverview, ProbeBrief, Summary
-from kvwatch.store.records import AlertStateRecord, ProbeRow
+from kvwatch.store.records import AlertStateRecord, ProbeRow, ServedWindowRecord
 from kvwatch.web.settings import WebSettings
 from kvwatch.web.tones import severity, tone, worst
 
@@ -37,6 +38,31 @@ class ProbeSummary(_Model):
     url: str = Field(description="The probe's permalink page.")
 
 
+class ServedWindow(_Model):
+    """What the endpoint really serves, as last measured."""
+
+    source: str = Field(
+        description="search: measured by bisect probes after a window failure; recovered: an "
+        "under probe passed again, so the advertised window is served."
+    )
+    advertised_tokens: int = Field(description="The window the measurement was made against.")
+    served_tokens: int = Field(
+        description="The largest prompt served whole (2xx, marker recalled, every planned "
+        "token reported); the advertised window once recovered."
+    )
+    unserved_tokens: int | None = Field(
+        description="The smallest prompt proved not served whole (search only)."
+    )
+    exact: bool = Field(description="served_tokens + 1 was proved not served whole.")
+    probes: int = Field(description="Bisect probes the measurement spent.")
+    prompt_tokens: int = Field(description="Prompt tokens those probes sent.")
+    measured_at: datetime
+    probe_id: int | None = Field(
+        description="The failing probe that started the search, or the passing under probe."
+    )
+    probe_url: str | None
+
+
 class Endpoint(_Model):
     name: str
     url: str
@@ -44,10 +70,16 @@ class Endpoint(_Model):
     model: str
     context_window: int | None
     kv_pool_tokens: int | None
+    served_window_tokens: int | None = Field(
+        description="The largest prompt the endpoint serves whole, as last measured (null: "
+        "never measured; the advertised window when an under probe passed since)."
+    )
+    served_window: ServedWindow | None
     labels: dict[str, str]
     tone: str = Field(description="The most alarming tone among the latest probes.")
     latest: dict[str, ProbeSummary] = Field(
-        description="The latest finished probe of each kind (under, over, baseline)."
+        description="The latest finished probe of each scheduled kind (bisect probes are "
+        "search steps, listed with the probes)."
     )
 
 
@@ -109,6 +141,10 @@ class Probe(_Model):
     duration_seconds: float | None
     confirms_probe_id: int | None
     confirmed_by: list[int] = Field(description="Ids of the probes run to confirm this one.")
+    trigger_probe_id: int | None = Field(
+        description="A bisect probe's trigger: the failing probe whose served window it "
+        "helped measure."
+    )
 
 
 class ProbePage(_Model):
@@ -174,9 +210,30 @@ def probe_summary(settings: WebSettings, p: ProbeBrief) -> ProbeSummary:
     )
 
 
-def endpoint(settings: WebSettings, o: EndpointOverview) -> Endpoint:
+def served_window(settings: WebSettings, r: ServedWindowRecord) -> ServedWindow:
+    return ServedWindow(
+        source=r.source,
+        advertised_tokens=r.advertised_tokens,
+        served_tokens=r.served_tokens,
+        unserved_tokens=r.unserved_tokens,
+        exact=r.exact,
+        probes=r.probes,
+        prompt_tokens=r.prompt_tokens,
+        measured_at=r.measured_at,
+        probe_id=r.probe_id,
+        probe_url=None if r.probe_id is None else probe_path(settings, r.probe_id),
+    )
+
+
+def endpoint(
+    settings: WebSettings, o: EndpointOverview, served: ServedWindowRecord | None = None
+) -> Endpoint:
     ep = o.endpoint
-    latest = {kind: probe_summary(settings, p) for kind, p in o.latest.items()}
+    latest = {
+        kind: probe_summary(settings, p)
+        for kind, p in o.latest.items()
+        if kind != ProbeKind.BISECT.value
+    }
     return Endpoint(
         name=ep.name,
         url=ep.url,
@@ -184,6 +241,8 @@ def endpoint(settings: WebSettings, o: EndpointOverview) -> Endpoint:
         model=ep.model,
         context_window=ep.context_window,
         kv_pool_tokens=ep.kv_pool_tokens,
+        served_window_tokens=None if served is None else served.served_tokens,
+        served_window=None if served is None else served_window(settings, served),
         labels=ep.labels,
         tone=worst(p.tone for p in latest.values()),
         latest=latest,
@@ -239,6 +298,7 @@ def probe(settings: WebSettings, r: ProbeRow, confirmed_by: list[int]) -> Probe:
         ttfb_seconds=r.ttfb_seconds,
         duration_seconds=r.duration_seconds,
         confirms_probe_id=r.confirms_probe_id,
+        trigger_probe_id=r.trigger_probe_id,
         confirmed_by=confirmed_by,
     )
 

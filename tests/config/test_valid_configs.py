@@ -54,6 +54,8 @@ def test_it_loads_the_design_example_and_resolves_every_field() -> None:
             ProbeKind.BASELINE: 120.0,
             ProbeKind.CAPACITY: 30.0,
             ProbeKind.EDGE: 600.0,
+            ProbeKind.BISECT: 600.0,
+            ProbeKind.BISECT: 600.0,
         },
         max_tokens=16,
         baseline_tokens=1536,
@@ -106,6 +108,7 @@ def test_it_inherits_defaults_and_merges_timeouts_key_by_key() -> None:
         ProbeKind.BASELINE: 120.0,
         ProbeKind.CAPACITY: 30.0,
         ProbeKind.EDGE: 600.0,
+        ProbeKind.BISECT: 600.0,
     }
 
 

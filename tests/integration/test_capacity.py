@@ -31,14 +31,19 @@ async def test_sglang_with_a_pool_below_its_window_is_a_capacity_mismatch_and_ed
         # Something for stale pages to leak: a baseline on the incident endpoint.
         assert (await runner.run(targets["glm"], ProbeKind.BASELINE)).verdict is Verdict.PASS
         reports = await runner.run_checked(targets["glm"], ProbeKind.CAPACITY)
-        assert [r.kind for r in reports] == [ProbeKind.CAPACITY, ProbeKind.EDGE]
-        capacity, edge = reports
+        assert [r.kind for r in reports] == [ProbeKind.CAPACITY, ProbeKind.EDGE, ProbeKind.BISECT]
+        capacity, edge, step = reports
         assert capacity.verdict is Verdict.CAPACITY_MISMATCH
         assert "1048576" in capacity.reason and "681280" in capacity.reason
         assert edge.verdict in {Verdict.FOREIGN_MARKER, Verdict.TRUNCATED}, edge.reason
         assert edge.planned_prompt_tokens is not None and edge.planned_prompt_tokens > 681_280
         row = store.get_probe(capacity.probe_id)
         assert row is not None and row.verdict == "capacity_mismatch" and row.marker == ""
+        # What it really serves: the reported pool, verified whole by one bisect probe (the
+        # edge probe already proved one token more is not).
+        assert (step.planned_prompt_tokens, step.verdict) == (681_280, Verdict.PASS)
+        assert step.trigger_probe_id == edge.probe_id
+        assert store.served_windows("glm")["glm"].served_tokens == 681_280
 
         healthy = await runner.run_checked(targets["warm"], ProbeKind.CAPACITY)
         assert [r.verdict for r in healthy] == [Verdict.PASS]

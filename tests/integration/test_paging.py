@@ -105,9 +105,12 @@ async def test_stale_kv_pages_through_alertmanager_and_recovery_resolves_it(
     ):
         assert await probe(kv, BASE) == [Verdict.PASS]
         sim.set_fault("ep", FaultMode.STALE_KV)
-        verdicts = await probe(kv, UNDER)
-        assert verdicts[0] in {Verdict.FOREIGN_MARKER, Verdict.TRUNCATED}
-        assert len(verdicts) == 2  # the confirmation probe ran at once
+        reports = await kv.runner.run_checked(kv.targets[0], UNDER)
+        under = [r for r in reports if r.kind is UNDER]
+        assert under[0].verdict in {Verdict.FOREIGN_MARKER, Verdict.TRUNCATED}
+        assert len(under) == 2  # the confirmation probe ran at once
+        # ... then the served-window search: evidence, never a page of its own.
+        assert {r.kind for r in reports[2:]} == {ProbeKind.BISECT}
 
         alerts = await eventually("the page in Alertmanager", lambda: active(alertmanager))
         assert {a["labels"]["alertname"] for a in alerts} <= LEAK_OR_CONTEXT
@@ -115,8 +118,16 @@ async def test_stale_kv_pages_through_alertmanager_and_recovery_resolves_it(
         assert labels["endpoint"] == "ep" and labels["probe"] == "under"
         assert labels["severity"] == "critical" and labels["model"] == "sim-1"
         assert "replica" not in labels
-        assert alerts[0]["generatorURL"].endswith(f"/probes/{kv.store.list_probes()[0].id}")
+        assert alerts[0]["generatorURL"].endswith(f"/probes/{under[1].probe_id}")
         assert "runbook_url" in alerts[0]["annotations"]
+        # The re-sent page carries what the endpoint really serves.
+        await eventually(
+            "the served window in the description",
+            lambda: any(
+                "Served window: advertised 8,192 · served" in a["annotations"]["description"]
+                for a in active(alertmanager)
+            ),
+        )
         await eventually("the webhook notification", lambda: notified(webhook, "firing"))
 
         sim.set_fault("ep", FaultMode.HEALTHY)

@@ -21,7 +21,15 @@ from kvwatch.store.migrate import (
 )
 from kvwatch.store.models import Base
 
-TABLES = {"endpoints", "probes", "markers", "alert_states", "probe_slots", "probe_rollups"}
+TABLES = {
+    "endpoints",
+    "probes",
+    "markers",
+    "alert_states",
+    "probe_slots",
+    "probe_rollups",
+    "served_windows",
+}
 
 
 def _schema_diff(engine: Engine) -> list[object]:

@@ -59,6 +59,7 @@ def _leaked_probe(ids: dict[str, int], **overrides: Any) -> dict[str, Any]:
         "duration_seconds": 3.0,
         "confirms_probe_id": None,
         "confirmed_by": [ids["b-confirm"]],
+        "trigger_probe_id": None,
     }
     probe.update(overrides)
     return probe
@@ -105,6 +106,8 @@ def test_endpoints_list_the_latest_verdict_per_kind(
         "model": "glm-5.3",
         "context_window": 8192,
         "kv_pool_tokens": 6144,
+        "served_window_tokens": None,
+        "served_window": None,
         "labels": {},
     }
     assert client.get("/api/v1/endpoints").json() == [

@@ -1,0 +1,279 @@
+"""Measuring the true served window after a window failure (issue 12), with bisect probes.
+
+The runner hands every finished under/edge chain to :class:`ServedWindowTracker`. After a
+confirmed window failure it runs the search of :mod:`kvwatch.canary.served` with ``bisect``
+probes (stored, linked to their trigger, never paging) and records the result; when an under
+probe passes again it records that the advertised window is served again. In between it does
+nothing: one search per failure streak, however many cycles the streak lasts.
+
+The streak is read from the store (the endpoint's latest ``served_windows`` row), so a
+restart in the middle of an incident does not search again, and several replicas sharing a
+database see one another's result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Protocol
+
+import structlog
+
+from kvwatch.canary import served
+from kvwatch.canary.model import SEVERITY, ProbeKind, Severity, Verdict
+from kvwatch.capacity import edge_pool
+from kvwatch.engines.limits import stated_limit
+from kvwatch.store.errors import StoreError
+from kvwatch.store.records import ServedWindowRecord
+from kvwatch.store.repository import Store
+
+if TYPE_CHECKING:
+    from kvwatch.runner import ProbeReport, Target
+
+log = structlog.get_logger("kvwatch.served_window")
+
+# Verdicts that say the window is not served whole. Errors, throttling and credentials say
+# nothing about the window; a model that cannot recall at all is the baseline's business.
+WINDOW_FAILURES = frozenset(
+    {
+        Verdict.TRUNCATED,
+        Verdict.UNDER_REJECTED,
+        Verdict.MARKER_MISSING,
+        Verdict.FOREIGN_MARKER,
+        Verdict.STREAM_ERROR,
+        Verdict.WRONG_REJECTION,  # edge: a 5xx just over the KV pool
+    }
+)
+# A step that ends in one of these proves nothing either way: the search stops without a
+# result (and the next failure of the streak tries again).
+_NO_EVIDENCE = frozenset({Verdict.ERROR, Verdict.AUTH_ERROR, Verdict.THROTTLED})
+# Sizes a passing probe of these kinds proves served: where the search may start from.
+_PASSING_KINDS = ("baseline",)
+
+
+class BisectRunner(Protocol):
+    async def run(
+        self,
+        target: Target,
+        kind: ProbeKind,
+        *,
+        size: int | None = None,
+        trigger: int | None = None,
+    ) -> ProbeReport: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """A finished search, with every step it took."""
+
+    record: ServedWindowRecord
+    steps: tuple[ProbeReport, ...]
+
+
+def hint_of(report: ProbeReport, target: Target) -> int | None:
+    """The engine's own signal of its served limit in a failed probe, if it gives one: the
+    prompt tokens a 2xx answer reports having read (fewer than sent), or the limit a 4xx
+    context-length rejection states, as the largest prompt it admits."""
+    status = report.status
+    if status is None:
+        return None
+    if 200 <= status < 300:
+        reported, planned = report.reported_prompt_tokens, report.planned_prompt_tokens
+        if reported is not None and planned is not None and 0 < reported < planned:
+            return reported
+        return None
+    if 400 <= status < 500:
+        limit = stated_limit(report.error_body)
+        if limit is not None:
+            return limit.largest_prompt(rule=target.engine.rule, max_tokens=target.spec.max_tokens)
+    return None
+
+
+def is_trigger(reports: Sequence[ProbeReport], kind: ProbeKind, confirm: bool) -> bool:
+    """Whether a chain of ``kind`` probes ended in a confirmed window failure.
+
+    A critical verdict is confirmed by its confirmation probe (when confirmation is on); a
+    warning stands on its own (a context-length rejection is deterministic).
+    """
+    own = [r for r in reports if r.kind is kind]
+    if kind not in (ProbeKind.UNDER, ProbeKind.EDGE) or not own:
+        return False
+    last = own[-1]
+    if last.verdict not in WINDOW_FAILURES or last.planned_prompt_tokens is None:
+        return False
+    if kind is ProbeKind.UNDER and last.verdict is Verdict.WRONG_REJECTION:
+        return False
+    critical = SEVERITY[last.verdict] is Severity.CRITICAL
+    return not (critical and confirm and last.confirms_probe_id is None)
+
+
+@dataclass
+class ServedWindowTracker:
+    store: Store
+    clock: Callable[[], datetime]
+
+    async def after(
+        self,
+        runner: BisectRunner,
+        target: Target,
+        kind: ProbeKind,
+        reports: Sequence[ProbeReport],
+    ) -> list[ProbeReport]:
+        """React to a finished chain of ``kind`` probes; return the bisect probes it ran."""
+        spec = target.spec
+        if not spec.served_window or target.window is None:
+            return []
+        own = [r for r in reports if r.kind is kind]
+        if not own:
+            return []
+        last = own[-1]
+        try:
+            if kind is ProbeKind.UNDER and last.verdict is Verdict.PASS:
+                await self._recovered(target, last)
+                return []
+            if not is_trigger(reports, kind, spec.confirm):
+                return []
+            current = await self._current(target)
+            if current is not None and current.measured:
+                return []  # this streak was measured already
+        except StoreError as exc:
+            log.warning("served_window_skipped", endpoint=spec.name, error=str(exc))
+            return []
+        try:
+            measurement = await self.search(runner, target, last)
+        except StoreError as exc:
+            # Without the last passing size there is no floor to search from; the next
+            # failure of the streak tries again.
+            log.warning("served_window_skipped", endpoint=spec.name, error=str(exc))
+            return []
+        if measurement is None:
+            return []
+        try:
+            await asyncio.to_thread(self.store.record_served_window, measurement.record)
+        except StoreError as exc:
+            log.warning("served_window_not_stored", endpoint=spec.name, error=str(exc))
+        target.served = measurement.record
+        return list(measurement.steps)
+
+    async def search(
+        self, runner: BisectRunner, target: Target, trigger: ProbeReport
+    ) -> Measurement | None:
+        """Bisect probes until the search of :mod:`kvwatch.canary.served` is done."""
+        spec = target.spec
+        window = target.window
+        failed = trigger.planned_prompt_tokens
+        assert window is not None and failed is not None
+        low = await asyncio.to_thread(
+            self.store.last_passing_size, spec.name, _PASSING_KINDS, failed
+        )
+        # The engine's own word first (the trigger's signal), then its KV pool: the size the
+        # incident class serves in practice. Both are verified like any other hint.
+        pool = edge_pool(spec.kv_pool_tokens, target.discovery) if target.discovery else None
+        pool = pool if pool is not None else spec.kv_pool_tokens
+        state = served.start(
+            served=low or 0,
+            unserved=failed,
+            window=window,
+            hints=(hint_of(trigger, target), pool),
+        )
+        steps: list[ProbeReport] = []
+        while (size := served.next_size(state)) is not None:
+            report = await runner.run(target, ProbeKind.BISECT, size=size, trigger=trigger.probe_id)
+            steps.append(report)
+            if report.verdict in _NO_EVIDENCE or report.planned_prompt_tokens is None:
+                log.warning(
+                    "served_window_aborted",
+                    endpoint=spec.name,
+                    trigger_probe_id=trigger.probe_id,
+                    probe_id=report.probe_id,
+                    verdict=report.verdict.value,
+                    reason=report.reason,
+                )
+                return None
+            state = served.observe(
+                state,
+                served.Observation(
+                    size=report.planned_prompt_tokens,
+                    whole=report.verdict is Verdict.PASS,
+                    hint=hint_of(report, target),
+                ),
+            )
+        record = ServedWindowRecord(
+            endpoint=spec.name,
+            measured_at=self.clock(),
+            source="search",
+            advertised_tokens=window,
+            served_tokens=state.served,
+            unserved_tokens=state.unserved,
+            exact=state.exact,
+            probes=len(steps),
+            prompt_tokens=sum(r.planned_prompt_tokens or 0 for r in steps),
+            probe_id=trigger.probe_id,
+        )
+        log.info(
+            "served_window",
+            endpoint=spec.name,
+            advertised_tokens=window,
+            served_tokens=record.served_tokens,
+            unserved_tokens=record.unserved_tokens,
+            exact=record.exact,
+            probes=record.probes,
+            budget=state.budget,
+            prompt_tokens=record.prompt_tokens,
+            trigger_probe_id=trigger.probe_id,
+        )
+        return Measurement(record, tuple(steps))
+
+    async def _current(self, target: Target) -> ServedWindowRecord | None:
+        found = await asyncio.to_thread(self.store.served_windows, target.spec.name)
+        target.served = found.get(target.spec.name)
+        return target.served
+
+    async def _recovered(self, target: Target, passed: ProbeReport) -> None:
+        """The streak ended: the under probe, the largest prompt of the advertised window,
+        came back whole. The served window is the advertised one again (no probe needed)."""
+        current = target.served if target.served is not None else await self._current(target)
+        if current is None or not current.measured:
+            return
+        assert target.window is not None
+        record = ServedWindowRecord(
+            endpoint=target.spec.name,
+            measured_at=self.clock(),
+            source="recovered",
+            advertised_tokens=target.window,
+            served_tokens=target.window,
+            unserved_tokens=None,
+            exact=True,
+            probes=0,
+            prompt_tokens=0,
+            probe_id=passed.probe_id,
+        )
+        await asyncio.to_thread(self.store.record_served_window, record)
+        target.served = record
+        log.info(
+            "served_window",
+            endpoint=target.spec.name,
+            advertised_tokens=target.window,
+            served_tokens=target.window,
+            recovered_by_probe_id=passed.probe_id,
+        )
+
+
+def describe(record: ServedWindowRecord) -> str:
+    """One sentence for alert descriptions and the CLI."""
+    if not record.measured:
+        return f"Served window: the advertised {record.advertised_tokens:,} tokens (again)."
+    precision = (
+        "to the token"
+        if record.exact
+        else f"fails at {record.unserved_tokens:,}"
+        if record.unserved_tokens
+        else "lower bound"
+    )
+    return (
+        f"Served window: advertised {record.advertised_tokens:,} · served "
+        f"{record.served_tokens:,} (largest prompt served whole, {precision}; "
+        f"{record.probes} bisect probes)."
+    )
