@@ -42,6 +42,8 @@ WINDOW_FAILURES = frozenset(
         Verdict.UNDER_REJECTED,
         Verdict.MARKER_MISSING,
         Verdict.FOREIGN_MARKER,
+        # Stale pages served across tenants: the same broken window, seen by a customer.
+        Verdict.CROSS_TENANT_LEAK,
         Verdict.STREAM_ERROR,
         Verdict.WRONG_REJECTION,  # edge: a 5xx just over the KV pool
     }
