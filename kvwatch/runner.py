@@ -27,7 +27,9 @@ from kvwatch.canary.model import (
     SEVERITY,
     Exchange,
     ForeignMarker,
+    DepthResult,
     Judgement,
+    Placement,
     PlannedPrompt,
     ProbeKind,
     Severity,
@@ -94,6 +96,8 @@ class ProbeReport:
     duration_seconds: float | None
     confirms_probe_id: int | None
     finished_at: datetime
+    # Per depth, when the prompt carried one marker per depth (several marker_depths).
+    depths: tuple[DepthResult, ...] = ()
 
 
 class AlertHook(Protocol):
@@ -268,12 +272,19 @@ class ProbeRunner:
         scheduled: datetime | None = None,
     ) -> ProbeReport:
         spec = target.spec
-        marker = markers.new_marker()
+        # Several depths: one marker at each, so the answer shows which part of the prompt
+        # the engine read (issue 12). Every one is issued and stored like the first.
+        placements = (
+            tuple(Placement(d, markers.new_marker()) for d in sorted(spec.marker_depths))
+            if len(spec.marker_depths) > 1
+            else ()
+        )
+        marker = placements[0].marker if placements else markers.new_marker()
         started = self.clock()
         plan: PlannedPrompt | None = None
         failure: Judgement | None = None
         try:
-            plan = await self._plan(target, kind, marker)
+            plan = await self._plan(target, kind, marker, placements)
         except EngineAuthError as exc:
             failure = Judgement(Verdict.AUTH_ERROR, f"cannot plan the canary: {exc}")
         except (PlanningError, SizingError, WindowUnknown) as exc:
@@ -293,6 +304,7 @@ class ProbeRunner:
             marker=marker,
             streamed=spec.stream,
             plan=plan,
+            placements=placements,
         )
         probe_id = await self.results.begin(new)
         try:
@@ -308,7 +320,7 @@ class ProbeRunner:
                     timeout=spec.timeouts[kind],
                     progress=progress,
                 )
-                foreign = await self._foreign_markers(exchange, marker)
+                foreign = await self._foreign_markers(exchange, plan.markers)
                 verdict_of = judge_edge if kind is ProbeKind.EDGE else judge
                 judgement = verdict_of(plan, exchange, foreign)
                 if plan.note and judgement.verdict is not Verdict.PASS:
@@ -344,6 +356,7 @@ class ProbeRunner:
         marker: str,
         streamed: bool,
         plan: PlannedPrompt | None = None,
+        placements: tuple[Placement, ...] = (),
     ) -> NewProbe:
         return NewProbe(
             endpoint=target.spec.name,
@@ -358,13 +371,20 @@ class ProbeRunner:
             token_source=token_source,
             tokenize_calls=plan.tokenize_calls if plan else 0,
             marker=marker,
-            marker_depth=plan.marker_depth if plan else 0.0,
+            marker_depth=plan.marker_depth if plan else (placements[0].depth if placements else 0.0),
+            placements=placements,
             streamed=streamed,
             confirms_probe_id=confirms,
             slot=slot,
         )
 
-    async def _plan(self, target: Target, kind: ProbeKind, marker: str) -> PlannedPrompt:
+    async def _plan(
+        self,
+        target: Target,
+        kind: ProbeKind,
+        marker: str,
+        placements: tuple[Placement, ...] = (),
+    ) -> PlannedPrompt:
         spec = target.spec
         window = await self._window(target)
         counter = target.counter
@@ -392,7 +412,10 @@ class ProbeRunner:
                 margin=margin,
             )
         rng = random.Random(secrets.randbits(64))
-        depth = rng.choice(spec.marker_depths) if spec.marker_depths else 0.0
+        if placements:
+            depth = placements[0].depth
+        else:
+            depth = rng.choice(spec.marker_depths) if spec.marker_depths else 0.0
         return await plan_prompt(
             kind,
             counter=counter,
@@ -401,6 +424,7 @@ class ProbeRunner:
             max_tokens=spec.max_tokens,
             rng=rng,
             depth=depth,
+            placements=placements,
         )
 
     async def _window(self, target: Target) -> int:
@@ -425,10 +449,11 @@ class ProbeRunner:
             )
         return target.window
 
-    async def _foreign_markers(self, ex: Exchange, own: str) -> list[ForeignMarker]:
+    async def _foreign_markers(self, ex: Exchange, own: Sequence[str]) -> list[ForeignMarker]:
         if not ex.answer:
             return []
-        seen = [m for m in markers.markers_in_answer(ex.answer) if m != markers.canonical(own)]
+        mine = {markers.canonical(m) for m in own}
+        seen = [m for m in markers.markers_in_answer(ex.answer) if m not in mine]
         if not seen:
             return []
         try:
@@ -471,6 +496,7 @@ class ProbeRunner:
             duration_seconds=ex.total_seconds,
             confirms_probe_id=confirms,
             finished_at=finished,
+            depths=tuple(judgement.depths),
         )
         alert_states = self.alert_hook.evaluate(report, target) if self.alert_hook else ()
         outcome = ProbeOutcome(
@@ -488,6 +514,7 @@ class ProbeRunner:
             error_detail=_bounded(ex.error_detail, ERROR_BODY_CHARS),
             ttfb_seconds=ex.ttfb_seconds,
             duration_seconds=ex.total_seconds,
+            depths=tuple(judgement.depths),
         )
         t0 = time.perf_counter()
         stored_id = await self.results.finish(
@@ -523,6 +550,12 @@ class ProbeRunner:
             reported_prompt_tokens=ex.prompt_tokens,
             marker_found=judgement.marker_found,
             foreign_probe_ids=[f.probe_id for f in judgement.foreign],
+            # Only with several depths, so a single-depth probe line stays as it was.
+            **(
+                {"depths": {str(d.depth): d.outcome.value for d in judgement.depths}}
+                if judgement.depths
+                else {}
+            ),
             ttfb_seconds=_round(ex.ttfb_seconds),
             duration_seconds=_round(ex.total_seconds),
             tokenize_calls=plan.tokenize_calls if plan else 0,

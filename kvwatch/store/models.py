@@ -137,6 +137,9 @@ class Probe(Base):
     slot: Mapped[int | None] = mapped_column(BigInteger)
     # The region of the replica that ran it (migration 0005); NULL without multi-region mode.
     region: Mapped[str | None] = mapped_column(String(REGION_LENGTH))
+    # One entry per marker when the prompt carried one per depth (migration 0008): depth,
+    # marker as issued, outcome (null until judged). NULL for a single-marker probe.
+    depth_outcomes: Mapped[list[dict[str, Any]] | None] = mapped_column(json_type())
 
 
 class Marker(Base):

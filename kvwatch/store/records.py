@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kvwatch.canary.model import ForeignMarker, ProbeState
+from kvwatch.canary.model import DepthResult, ForeignMarker, Placement, ProbeState
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,6 +34,9 @@ class NewProbe:
     streamed: bool
     confirms_probe_id: int | None = None
     slot: int | None = None  # the scheduled slot (epoch seconds) it runs for
+    # Every marker with its depth when the prompt carries one per depth (``marker`` is the
+    # first); each is stored in ``markers`` too, so a leaked one names this probe.
+    placements: Sequence[Placement] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +57,18 @@ class ProbeOutcome:
     error_detail: str | None = None
     ttfb_seconds: float | None = None
     duration_seconds: float | None = None
+    # Per depth, when the prompt carried one marker per depth and an answer came back.
+    depths: Sequence[DepthResult] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DepthEvidence:
+    """One marker of a several-depth probe as stored: outcome None until it was judged
+    (still running, or no answer came back)."""
+
+    depth: float
+    marker: str
+    outcome: str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,6 +108,7 @@ class ProbeRow:
     confirms_probe_id: int | None
     slot: int | None = None
     region: str | None = None  # of the replica that ran it; None without multi-region mode
+    depths: tuple[DepthEvidence, ...] = ()  # empty for a single-marker probe
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,4 +148,26 @@ def foreign_marker_from_json(data: dict[str, Any]) -> ForeignMarker:
         probe_id=int(data["probe_id"]),
         endpoint=str(data["endpoint"]),
         issued_at=datetime.fromisoformat(str(data["issued_at"])),
+    )
+
+
+def depths_to_json(entries: Sequence[Placement] | Sequence[DepthResult]) -> list[dict[str, Any]]:
+    return [
+        {
+            "depth": e.depth,
+            "marker": e.marker,
+            "outcome": e.outcome.value if isinstance(e, DepthResult) else None,
+        }
+        for e in entries
+    ]
+
+
+def depths_from_json(data: list[dict[str, Any]] | None) -> tuple[DepthEvidence, ...]:
+    return tuple(
+        DepthEvidence(
+            depth=float(d["depth"]),
+            marker=str(d["marker"]),
+            outcome=None if d.get("outcome") is None else str(d["outcome"]),
+        )
+        for d in data or ()
     )
