@@ -25,9 +25,9 @@ from kvwatch.canary import markers
 from kvwatch.canary.edge import judge_edge
 from kvwatch.canary.model import (
     SEVERITY,
+    DepthResult,
     Exchange,
     ForeignMarker,
-    DepthResult,
     Judgement,
     Placement,
     PlannedPrompt,
@@ -371,7 +371,9 @@ class ProbeRunner:
             token_source=token_source,
             tokenize_calls=plan.tokenize_calls if plan else 0,
             marker=marker,
-            marker_depth=plan.marker_depth if plan else (placements[0].depth if placements else 0.0),
+            marker_depth=plan.marker_depth
+            if plan
+            else (placements[0].depth if placements else 0.0),
             placements=placements,
             streamed=streamed,
             confirms_probe_id=confirms,

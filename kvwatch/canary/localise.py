@@ -37,6 +37,10 @@ class Lost(enum.StrEnum):
 class Localisation:
     lost: Lost
     sentence: str  # the plain statement a verdict's reason carries
+    # The lost stretch as fractions of the prompt (start, end), estimated: from usage when
+    # the engine reported the cut, else halfway between the last lost and first kept marker.
+    # None when nothing or no single stretch was lost.
+    span: tuple[float, float] | None = None
 
 
 def outcomes(
@@ -71,9 +75,7 @@ def classify(results: Sequence[DepthResult]) -> Lost:
     return Lost.MIDDLE
 
 
-def localise(
-    results: Sequence[DepthResult], *, planned: int, reported: int | None
-) -> Localisation:
+def localise(results: Sequence[DepthResult], *, planned: int, reported: int | None) -> Localisation:
     """Name the lost part and estimate what the engine kept, in one sentence.
 
     ``planned`` and ``reported`` are the prompt tokens sent and the engine's usage; a
@@ -85,11 +87,12 @@ def localise(
     read = reported if reported is not None and reported < planned else None
     lost_depths = [r.depth for r in results if r.outcome is not DepthOutcome.FOUND]
     kept_depths = [r.depth for r in results if r.outcome is DepthOutcome.FOUND]
+    share = None if read is None or planned <= 0 else read / planned
     if lost is Lost.NONE:
         return Localisation(lost, f"nothing lost ({listing})")
     if lost is Lost.ALL:
         tail = f": the engine read {read} of {planned} tokens" if read is not None else ""
-        return Localisation(lost, f"all lost ({listing}){tail}")
+        return Localisation(lost, f"all lost ({listing}){tail}", (0.0, 1.0))
     if lost is Lost.SCATTERED:
         return Localisation(
             lost, f"scattered loss ({listing}): no single part of the prompt is missing"
@@ -97,10 +100,16 @@ def localise(
     if lost is Lost.HEAD:
         # The kept part runs from somewhere after the last lost marker to the end.
         kept = _span(planned * (1 - kept_depths[0]), planned * (1 - lost_depths[-1]), read)
-        return Localisation(lost, f"head lost ({listing}): the engine kept the last {kept}")
+        cut = 1 - share if share is not None else (lost_depths[-1] + kept_depths[0]) / 2
+        return Localisation(
+            lost, f"head lost ({listing}): the engine kept the last {kept}", (0.0, cut)
+        )
     if lost is Lost.TAIL:
         kept = _span(planned * kept_depths[-1], planned * lost_depths[0], read)
-        return Localisation(lost, f"tail lost ({listing}): the engine kept the first {kept}")
+        cut = share if share is not None else (kept_depths[-1] + lost_depths[0]) / 2
+        return Localisation(
+            lost, f"tail lost ({listing}): the engine kept the first {kept}", (cut, 1.0)
+        )
     before = max(d for d in kept_depths if d < lost_depths[0])
     after = min(d for d in kept_depths if d > lost_depths[-1])
     dropped = (
@@ -112,6 +121,7 @@ def localise(
         lost,
         f"middle lost ({listing}): the engine dropped {dropped} between "
         f"~{_n(planned * before)} and ~{_n(planned * after)}",
+        ((before + lost_depths[0]) / 2, (lost_depths[-1] + after) / 2),
     )
 
 

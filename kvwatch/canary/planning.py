@@ -18,6 +18,7 @@ This module does no I/O of its own: it is handed a :class:`TokenCounter`.
 from __future__ import annotations
 
 import enum
+import itertools
 import math
 import random
 from collections.abc import Sequence
@@ -111,7 +112,7 @@ class MultiLayout:
         # The stretches before the first and after the last marker count too, unless the
         # marker sits at the very start or end (that stretch is then empty in both).
         edges = [0.0] * (depths[0] > 0) + depths + [1.0] * (depths[-1] < 1)
-        gap = min(b - a for a, b in zip(edges, edges[1:], strict=False))
+        gap = min(b - a for a, b in itertools.pairwise(edges))
         return min(MAX_SEED_PIECES, max(1, math.ceil(2 / gap)))
 
 

@@ -25,7 +25,10 @@ def cross_field_problems(config: Config) -> list[Problem]:
         )
     if _answer_too_short(defaults.max_tokens, len(defaults.marker_depths)):
         problems.append(
-            (("defaults", "max_tokens"), _room_sentence(defaults.max_tokens, defaults.marker_depths))
+            (
+                ("defaults", "max_tokens"),
+                _room_sentence(defaults.max_tokens, defaults.marker_depths),
+            )
         )
     seen: set[str] = set()
     for index, (endpoint, spec) in enumerate(

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kvwatch.canary.model import DepthResult, ForeignMarker, Placement, ProbeState
+from kvwatch.canary.localise import classify
+from kvwatch.canary.model import DepthOutcome, DepthResult, ForeignMarker, Placement, ProbeState
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,3 +172,14 @@ def depths_from_json(data: list[dict[str, Any]] | None) -> tuple[DepthEvidence, 
         )
         for d in data or ()
     )
+
+
+def lost_part(depths: Sequence[DepthEvidence]) -> str | None:
+    """Which part of the prompt a several-depth probe lost (head, tail, middle, all,
+    scattered, none); None for a single-marker probe or one never judged."""
+    judged = [
+        DepthResult(d.depth, d.marker, DepthOutcome(d.outcome))
+        for d in depths
+        if d.outcome is not None
+    ]
+    return classify(judged).value if len(judged) > 1 else None
