@@ -91,7 +91,7 @@ def localise(results: Sequence[DepthResult], *, planned: int, reported: int | No
     if lost is Lost.NONE:
         return Localisation(lost, f"nothing lost ({listing})")
     if lost is Lost.ALL:
-        tail = f": the engine read {read} of {planned} tokens" if read is not None else ""
+        tail = f": the engine read {_n(read)} of {_n(planned)} tokens" if read is not None else ""
         return Localisation(lost, f"all lost ({listing}){tail}", (0.0, 1.0))
     if lost is Lost.SCATTERED:
         return Localisation(
