@@ -71,9 +71,7 @@ async def test_the_first_marker_must_be_the_shallowest_placement():
 
 @settings(max_examples=25, deadline=None)
 @given(
-    st.lists(
-        st.floats(0.0, 1.0).map(lambda d: round(d, 2)), min_size=2, max_size=5, unique=True
-    ),  # fmt: skip
+    st.lists(st.floats(0.0, 1.0).map(lambda d: round(d, 2)), min_size=2, max_size=5, unique=True),
     st.integers(2_000, 40_000),
     st.integers(0, 2**32),
 )
