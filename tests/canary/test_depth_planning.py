@@ -45,8 +45,10 @@ async def test_each_marker_sits_at_its_depth_numbered_in_order_and_all_are_asked
     text = p.messages[0].content
     assert [pl.depth for pl in p.placements] == [0.0, 0.5, 1.0]
     assert p.marker == p.placements[0].marker and p.marker_depth == 0.0
-    at = [text.index(f"Code {i} is {pl.marker}.") / len(text) for i, pl in
-          enumerate(p.placements, start=1)]  # fmt: skip
+    at = [
+        text.index(f"Code {i} is {pl.marker}.") / len(text)
+        for i, pl in enumerate(p.placements, start=1)
+    ]
     assert at[0] < 0.01 and 0.45 < at[1] < 0.55 and at[2] > 0.99
     assert text.endswith(
         "What are the 3 codes you were asked to remember? "

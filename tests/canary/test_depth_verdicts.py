@@ -87,8 +87,10 @@ def test_a_leak_marks_the_lost_depths_foreign_and_keeps_the_leak_verdict():
         DepthOutcome.FOREIGN,
         DepthOutcome.FOUND,
     ]
-    assert j.reason.endswith("; head lost (markers at 0.0, 0.5 foreign; 1.0 found): "
-                             "the engine kept the last ~0–4,000 tokens")  # fmt: skip
+    assert j.reason.endswith(
+        "; head lost (markers at 0.0, 0.5 foreign; 1.0 found): "
+        "the engine kept the last ~0–4,000 tokens"
+    )
 
 
 def test_a_baseline_that_misses_a_code_is_canary_ineffective_not_an_incident():

@@ -119,8 +119,8 @@ def test_a_prefix_cut_is_always_head_lost_and_a_suffix_cut_tail_lost(depths, k, 
 @given(depth_lists, st.data())
 def test_every_outcome_pattern_is_classified_and_the_order_of_results_does_not_matter(depths, data):
     """Classification is total and depends on depths, not on the order results come in."""
-    pattern = data.draw(st.lists(st.sampled_from([F, M, X]), min_size=len(depths),
-                                 max_size=len(depths)))  # fmt: skip
+    size = len(depths)
+    pattern = data.draw(st.lists(st.sampled_from([F, M, X]), min_size=size, max_size=size))
     results = [DepthResult(d, "m", o) for d, o in zip(depths, pattern, strict=True)]
     shuffled = data.draw(st.permutations(results))
     assert localise(shuffled, planned=10_000, reported=None) == localise(
