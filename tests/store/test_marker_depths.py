@@ -38,7 +38,9 @@ def test_finishing_stores_each_outcome_and_an_unanswered_probe_keeps_the_plan(
     placed = _placements()
     judged = [
         DepthResult(p.depth, p.marker, o)
-        for p, o in zip(placed, [DepthOutcome.MISSING, DepthOutcome.FOUND, DepthOutcome.FOUND])
+        for p, o in zip(
+            placed, [DepthOutcome.MISSING, DepthOutcome.FOUND, DepthOutcome.FOUND], strict=True
+        )
     ]
     pid = store.begin_probe(new_probe(marker=placed[0].marker, placements=placed))
     store.finish_probe(pid, outcome("marker_missing", marker_found=False, depths=judged))
@@ -97,7 +99,7 @@ def test_migration_0008_adds_depth_outcomes_to_old_rows_as_null_and_drops_it_bac
                     labels={},
                     created_at=T0,
                     updated_at=T0,
-                )  # fmt: skip
+                )
             )
             c.execute(
                 insert(tables.tables["probes"]).values(
@@ -119,7 +121,7 @@ def test_migration_0008_adds_depth_outcomes_to_old_rows_as_null_and_drops_it_bac
                     marker_depth=0.0,
                     foreign_markers=[],
                     streamed=True,
-                )  # fmt: skip
+                )
             )
         upgrade_engine(engine, "0008")
         row = Store(engine).get_probe(7)
