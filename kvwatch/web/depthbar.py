@@ -78,7 +78,7 @@ def depth_bar(depths: Sequence[DepthEvidence], *, planned: int, reported: int | 
             f'<rect class="swatch t-{tone}" x="{lx}" y="{HEIGHT - 14}" width="10" height="10"/>'
             f'<text class="legend" x="{lx + 14}" y="{HEIGHT - 5}">{escape(label)}</text>'
         )
-        lx += 24 + 7 * len(label)
+        lx += 28 + 6 * len(label)
     body.append("</svg>")
     return Markup("".join(body))
 
