@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from kvwatch import __version__, logs
-from kvwatch.canary.model import HEALTHY, ProbeKind, Verdict
+from kvwatch.canary.model import HEALTHY, DepthOutcome, ProbeKind, Verdict
 from kvwatch.config import Config, ConfigError, EndpointSpec, capacity_violations, load_config
 from kvwatch.runner import TENANT_KINDS, ProbeReport
 from kvwatch.store.errors import StoreError
@@ -260,6 +260,17 @@ def report_json(r: ProbeReport) -> dict[str, Any]:
         "confirms_probe_id": r.confirms_probe_id,
         "trigger_probe_id": r.trigger_probe_id,
         "finished_at": r.finished_at.isoformat(),
+        # Only with several marker depths, so a single-depth object stays as it was.
+        **(
+            {
+                "depths": [
+                    {"depth": d.depth, "marker": d.marker, "outcome": d.outcome.value}
+                    for d in r.depths
+                ]
+            }
+            if r.depths
+            else {}
+        ),
     }
 
 
@@ -291,7 +302,7 @@ def format_table(reports: list[ProbeReport]) -> str:
             "-" if r.status is None else str(r.status),
             "-" if r.planned_prompt_tokens is None else str(r.planned_prompt_tokens),
             "-" if r.reported_prompt_tokens is None else str(r.reported_prompt_tokens),
-            "found" if r.marker_found else "missing",
+            _marker_cell(r),
             r.reason,
         )
         for r in reports
@@ -389,6 +400,7 @@ def results(
         "planned_prompt_tokens",
         "reported_prompt_tokens",
         "marker_found",
+        "lost",
         "duration_seconds",
         "replica",
         "region",
@@ -396,7 +408,7 @@ def results(
         "reason",
     )
     records = [
-        {f: (v.isoformat() if isinstance(v := getattr(r, f), datetime) else v) for f in fields}
+        {f: (v.isoformat() if isinstance(v := _field(r, f), datetime) else v) for f in fields}
         for r in rows
     ]
     if output == "json":
@@ -415,6 +427,13 @@ def results(
         widths = [max(len(row[i]) for row in table) for i in range(len(fields))]
         for row in table:
             click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _marker_cell(r: ProbeReport) -> str:
+    if not r.depths:
+        return "found" if r.marker_found else "missing"
+    found = sum(1 for d in r.depths if d.outcome is DepthOutcome.FOUND)
+    return f"{found}/{len(r.depths)} found"
 
 
 @main.command()
@@ -449,6 +468,15 @@ def show(config_path: Path | None, probe_id: int, output: str) -> None:
     click.echo(_probe_text(probe))
 
 
+def _field(row: Any, name: str) -> Any:
+    # "lost" is derived: which part of the prompt a several-depth probe lost.
+    if name == "lost":
+        from kvwatch.store.records import lost_part
+
+        return lost_part(row.depths)
+    return getattr(row, name)
+
+
 def _probe_text(p: Any) -> str:
     """``kvwatch show`` as text: one labelled line per piece of evidence."""
 
@@ -474,6 +502,10 @@ def _probe_text(p: Any) -> str:
     lines += [
         f"  marker:        {p.marker} {found} (depth {p.marker_depth:.2f})",
     ]
+    for d in p.depths:
+        lines.append(f"  at depth {d.depth!r:<5}  {d.marker} {(d.outcome or 'not judged').upper()}")
+    if p.lost:
+        lines.append(f"  lost:          {p.lost}")
     for f in p.foreign_markers:
         lines.append(
             f"  LEAKED MARKER: {f.marker} of probe {f.probe_id} ({f.endpoint}, "

@@ -25,9 +25,11 @@ from kvwatch.canary import markers
 from kvwatch.canary.edge import judge_edge
 from kvwatch.canary.model import (
     SEVERITY,
+    DepthResult,
     Exchange,
     ForeignMarker,
     Judgement,
+    Placement,
     PlannedPrompt,
     ProbeKind,
     Severity,
@@ -142,6 +144,8 @@ class ProbeReport:
     tenant: str | None = None  # whose credentials it was sent with; None: the endpoint's key
     error_body: str | None = None  # bounded: where a rejection states the engine's limit
     trigger_probe_id: int | None = None  # a bisect probe's trigger
+    # Per depth, when the prompt carried one marker per depth (several marker_depths).
+    depths: tuple[DepthResult, ...] = ()
 
 
 class AlertHook(Protocol):
@@ -374,12 +378,19 @@ class ProbeRunner:
         spec = target.spec
         tenant = tenant or spec.default_tenant
         tenant_name = None if tenant is None else tenant.name
-        marker = markers.new_marker()
+        # Several depths: one marker at each, so the answer shows which part of the prompt
+        # the engine read (issue 12). Every one is issued and stored like the first.
+        placements = (
+            tuple(Placement(d, markers.new_marker()) for d in sorted(spec.marker_depths))
+            if len(spec.marker_depths) > 1
+            else ()
+        )
+        marker = placements[0].marker if placements else markers.new_marker()
         started = self.clock()
         plan: PlannedPrompt | None = None
         failure: Judgement | None = None
         try:
-            plan = await self._plan(target, kind, marker, size=size)
+            plan = await self._plan(target, kind, marker, placements, size=size)
         except EngineAuthError as exc:
             failure = Judgement(Verdict.AUTH_ERROR, f"cannot plan the canary: {exc}")
         except (PlanningError, SizingError, WindowUnknown) as exc:
@@ -401,6 +412,7 @@ class ProbeRunner:
             plan=plan,
             tenant=tenant,
             trigger=trigger,
+            placements=placements,
         )
         probe_id = await self.results.begin(new)
         try:
@@ -416,7 +428,7 @@ class ProbeRunner:
                     timeout=spec.timeouts[kind],
                     progress=progress,
                 )
-                foreign = await self._foreign_markers(exchange, marker)
+                foreign = await self._foreign_markers(exchange, plan.markers)
                 if kind is ProbeKind.EDGE:
                     judgement = judge_edge(plan, exchange, foreign, tenant=tenant_name)
                 elif kind is ProbeKind.BISECT:
@@ -470,6 +482,7 @@ class ProbeRunner:
         plan: PlannedPrompt | None = None,
         tenant: TenantSpec | None = None,
         trigger: int | None = None,
+        placements: tuple[Placement, ...] = (),
     ) -> NewProbe:
         return NewProbe(
             endpoint=target.spec.name,
@@ -484,7 +497,10 @@ class ProbeRunner:
             token_source=token_source,
             tokenize_calls=plan.tokenize_calls if plan else 0,
             marker=marker,
-            marker_depth=plan.marker_depth if plan else 0.0,
+            marker_depth=plan.marker_depth
+            if plan
+            else (placements[0].depth if placements else 0.0),
+            placements=placements,
             streamed=streamed,
             confirms_probe_id=confirms,
             slot=slot,
@@ -493,7 +509,13 @@ class ProbeRunner:
         )
 
     async def _plan(
-        self, target: Target, kind: ProbeKind, marker: str, *, size: int | None = None
+        self,
+        target: Target,
+        kind: ProbeKind,
+        marker: str,
+        placements: tuple[Placement, ...] = (),
+        *,
+        size: int | None = None,
     ) -> PlannedPrompt:
         spec = target.spec
         window = await self._window(target)
@@ -527,7 +549,10 @@ class ProbeRunner:
                 margin=margin,
             )
         rng = random.Random(secrets.randbits(64))
-        depth = rng.choice(spec.marker_depths) if spec.marker_depths else 0.0
+        if placements:
+            depth = placements[0].depth
+        else:
+            depth = rng.choice(spec.marker_depths) if spec.marker_depths else 0.0
         return await plan_prompt(
             kind,
             counter=counter,
@@ -536,6 +561,7 @@ class ProbeRunner:
             max_tokens=spec.max_tokens,
             rng=rng,
             depth=depth,
+            placements=placements,
         )
 
     async def _window(self, target: Target) -> int:
@@ -560,10 +586,11 @@ class ProbeRunner:
             )
         return target.window
 
-    async def _foreign_markers(self, ex: Exchange, own: str) -> list[ForeignMarker]:
+    async def _foreign_markers(self, ex: Exchange, own: Sequence[str]) -> list[ForeignMarker]:
         if not ex.answer:
             return []
-        seen = [m for m in markers.markers_in_answer(ex.answer) if m != markers.canonical(own)]
+        mine = {markers.canonical(m) for m in own}
+        seen = [m for m in markers.markers_in_answer(ex.answer) if m not in mine]
         if not seen:
             return []
         try:
@@ -609,6 +636,7 @@ class ProbeRunner:
             tenant=new.tenant,
             error_body=_bounded(ex.error_body, ERROR_BODY_CHARS),
             trigger_probe_id=new.trigger_probe_id,
+            depths=tuple(judgement.depths),
         )
         # Bisect probes are evidence for the served window: they never page and never count
         # toward an alert's streak (their failures are the expected half of a search).
@@ -630,6 +658,7 @@ class ProbeRunner:
             error_detail=_bounded(ex.error_detail, ERROR_BODY_CHARS),
             ttfb_seconds=ex.ttfb_seconds,
             duration_seconds=ex.total_seconds,
+            depths=tuple(judgement.depths),
         )
         t0 = time.perf_counter()
         stored_id = await self.results.finish(
@@ -679,6 +708,12 @@ class ProbeRunner:
             foreign_probe_ids=[f.probe_id for f in judgement.foreign],
             tenant=new.tenant,
             foreign_tenants=sorted({f.tenant for f in judgement.foreign if f.tenant}),
+            # Only with several depths, so a single-depth probe line stays as it was.
+            **(
+                {"depths": {str(d.depth): d.outcome.value for d in judgement.depths}}
+                if judgement.depths
+                else {}
+            ),
             ttfb_seconds=_round(ex.ttfb_seconds),
             duration_seconds=_round(ex.total_seconds),
             tokenize_calls=plan.tokenize_calls if plan else 0,

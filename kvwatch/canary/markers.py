@@ -59,6 +59,12 @@ def canonical(marker: str) -> str:
     return body.translate(_CROCKFORD_ALIASES)
 
 
+def spelled(canonical_marker: str) -> str:
+    """The issued spelling (``KVW-XXXX-XXXX-XXXX``) of a canonical marker."""
+    body = canonical(canonical_marker)
+    return f"{PREFIX}-{body[0:4]}-{body[4:8]}-{body[8:12]}"
+
+
 def contains_marker(answer: str, marker: str) -> bool:
     """Whether ``answer`` repeats ``marker``, tolerating case, spacing and punctuation noise."""
     return canonical(marker) in markers_in_answer(answer)

@@ -144,6 +144,33 @@ class ForeignMarker:
     tenant: str | None = None
 
 
+class DepthOutcome(enum.StrEnum):
+    """What became of one marker of a prompt that carries one per depth (issue 12)."""
+
+    FOUND = "found"  # recalled: the engine read this part of the prompt
+    MISSING = "missing"  # not recalled
+    # Not recalled, and the answer holds another probe's marker instead: the engine read
+    # someone else's data where this part of the prompt should have been.
+    FOREIGN = "foreign"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """One marker planted at one depth (fraction of the filler before it)."""
+
+    depth: float
+    marker: str
+
+
+@dataclass(frozen=True, slots=True)
+class DepthResult:
+    """A planted marker and whether the answer recalled it."""
+
+    depth: float
+    marker: str
+    outcome: DepthOutcome
+
+
 @dataclass(frozen=True, slots=True)
 class PlannedPrompt:
     """A canary prompt sized for one probe, with how sure we are of its size."""
@@ -160,6 +187,15 @@ class PlannedPrompt:
     token_source: str = "server"
     marker_depth: float = 0.0  # fraction of the filler before the marker
     note: str | None = None  # what planning noticed about the target (added to a failure)
+    # Every marker with its depth, shallowest first, when the prompt carries one per depth
+    # (several ``marker_depths``); empty for the usual single marker (``marker`` above is
+    # then the only one, and with several it is the first of these).
+    placements: tuple[Placement, ...] = ()
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """Every marker this prompt carries."""
+        return tuple(p.marker for p in self.placements) or (self.marker,)
 
 
 @dataclass(slots=True)
@@ -171,3 +207,5 @@ class Judgement:
     marker_found: bool = False
     foreign: list[ForeignMarker] = field(default_factory=list)
     token_drift: int | None = None  # reported - planned, when both are known
+    # Per depth, when the prompt carried one marker per depth; empty otherwise.
+    depths: list[DepthResult] = field(default_factory=list)

@@ -7,22 +7,35 @@ verifies the total with one full-prompt count, and corrects by the difference. R
 tokenizers are almost additive over space-separated words, so the first verification is
 usually exact and a second one settles the rest.
 
+A prompt may carry one marker per configured depth (issue 12: the answer then shows which
+part of the prompt the engine read). Only the fixed text changes; the filler, its one
+count per piece and the single verification are the same, so several markers cost no
+extra tokenize call.
+
 This module does no I/O of its own: it is handed a :class:`TokenCounter`.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvwatch.canary import filler
 from kvwatch.canary.collapse import swallowed_reason, template_swallows_content
-from kvwatch.canary.model import Message, PlannedPrompt, ProbeKind
+from kvwatch.canary.model import Message, Placement, PlannedPrompt, ProbeKind
 from kvwatch.tokens.base import TokenCounter
 
 QUESTION = "What is the code you were asked to remember? Answer with the code only."
+# Answer tokens to allow per code when a prompt carries one per depth: a marker is 7-15
+# tokens in the tokenizers measured (the simulator's is the longest), plus a separator.
+ANSWER_TOKENS_PER_CODE = 16
+# Depths closer than 1/1000 of the filler apart share a stretch anyway (config takes any
+# fraction); counting the fixed text around more pieces than this buys nothing.
+MAX_SEED_PIECES = 2000
 
 
 class Side(enum.Enum):
@@ -66,6 +79,50 @@ class Layout:
         return (Message("user", text),)
 
 
+@dataclass(frozen=True, slots=True)
+class MultiLayout:
+    """The fixed text around the filler for one marker at each of several depths.
+
+    Codes are numbered in prompt order and asked for in that order, which is the easiest
+    way for a model to give them back; a marker at depth 0 opens the prompt as the single
+    marker does, and one at depth 1 sits just before the question.
+    """
+
+    placements: tuple[Placement, ...]  # shallowest first, at least two
+
+    def messages(self, pieces: Sequence[str]) -> tuple[Message, ...]:
+        n = len(self.placements)
+        parts = [f"Remember the {n} codes in this text. You will be asked for all of them.\n\n"]
+        start = 0
+        for number, placement in enumerate(self.placements, start=1):
+            split = max(start, round(len(pieces) * placement.depth))
+            segment = "".join(pieces[start:split]).strip()
+            if segment:
+                parts.append(f"{segment}\n\n")
+            parts.append(f"Code {number} is {placement.marker}.\n\n")
+            start = split
+        parts.append("".join(pieces[start:]).strip())
+        return (Message("user", "".join(parts).rstrip() + f"\n\n{multi_question(n)}"),)
+
+    def seed_pieces(self) -> int:
+        """How many filler pieces give every stretch between two markers at least one, as
+        the real filler will: the fixed text is counted around that many, so that it is
+        counted with the same separators as the real prompt."""
+        depths = [p.depth for p in self.placements]
+        # The stretches before the first and after the last marker count too, unless the
+        # marker sits at the very start or end (that stretch is then empty in both).
+        edges = [0.0] * (depths[0] > 0) + depths + [1.0] * (depths[-1] < 1)
+        gap = min(b - a for a, b in itertools.pairwise(edges))
+        return min(MAX_SEED_PIECES, max(1, math.ceil(2 / gap)))
+
+
+def multi_question(n: int) -> str:
+    return (
+        f"What are the {n} codes you were asked to remember? "
+        "Answer with the codes only, in order, separated by spaces."
+    )
+
+
 def side_for(kind: ProbeKind) -> Side:
     # over and edge must be at least their size: one token short could be legitimately served.
     return Side.AT_LEAST if kind in (ProbeKind.OVER, ProbeKind.EDGE) else Side.AT_MOST
@@ -80,10 +137,22 @@ async def plan_prompt(
     max_tokens: int,
     rng: random.Random,
     depth: float = 0.0,
+    placements: Sequence[Placement] = (),
     max_rounds: int = 6,
 ) -> PlannedPrompt:
-    """Plan a prompt of ``target_tokens`` prompt tokens as the target counts them."""
-    layout = Layout(marker, depth)
+    """Plan a prompt of ``target_tokens`` prompt tokens as the target counts them.
+
+    With two or more ``placements`` the prompt carries each of their markers at its depth,
+    and ``marker``/``depth`` must be the shallowest of them.
+    """
+    ordered = tuple(sorted(placements, key=lambda p: p.depth))
+    layout: Layout | MultiLayout = Layout(marker, depth)
+    if len(ordered) > 1:
+        if (ordered[0].marker, ordered[0].depth) != (marker, depth):
+            raise ValueError("marker and depth must be the shallowest placement")
+        layout = MultiLayout(ordered)
+    else:
+        ordered = ()
     side = side_for(kind)
     vocab = filler.vocabulary()
     counts = dict(zip(vocab, await counter.count_pieces(vocab), strict=True))
@@ -95,7 +164,8 @@ async def plan_prompt(
     # The fixed text is counted with one filler piece in place, not with none: the text on
     # either side of an empty filler can merge into tokens that never occur in a real prompt.
     seed = singles[0]
-    base = await counter.count_prompt(layout.messages([seed])) - counts[seed]
+    seeds = [seed] * (layout.seed_pieces() if isinstance(layout, MultiLayout) else 1)
+    base = await counter.count_prompt(layout.messages(seeds)) - counts[seed] * len(seeds)
     calls = 0
     if base > target_tokens:
         raise PlanningError(
@@ -125,6 +195,7 @@ async def plan_prompt(
                 token_source=counter.source,
                 marker_depth=depth,
                 note=swallowed_reason(base, total, text_tokens),
+                placements=ordered,
             )
         # An estimate cannot be steered token by token; sizing already left it a margin.
         fits = _acceptable(total, target_tokens, side) or not counter.exact
@@ -153,6 +224,7 @@ async def plan_prompt(
         tokenize_calls=calls,
         token_source=counter.source,
         marker_depth=depth,
+        placements=ordered,
     )
 
 

@@ -4,6 +4,10 @@
 (a :class:`PlannedPrompt`) and which foreign markers the answer holds. The order of the
 checks is the policy: the most specific and most severe explanation wins, and the only way
 to reach ``pass`` is through an explicit positive check for the probe's kind.
+
+A prompt that carries one marker per depth (several ``marker_depths``) passes only when the
+answer recalls every one of them; any other verdict's reason then says which part of the
+prompt was lost (:mod:`kvwatch.canary.localise`).
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from kvwatch.canary import markers
+from kvwatch.canary.localise import Lost, localise, outcomes
 from kvwatch.canary.model import (
+    DepthOutcome,
     Exchange,
     ForeignMarker,
     Judgement,
@@ -22,6 +28,11 @@ from kvwatch.canary.model import (
 from kvwatch.canary.model import Verdict as V
 
 _Make = Callable[[V, str], Judgement]
+# The verdicts about what the engine read, whose reason says which part it lost.
+_LOCALISED = frozenset(
+    {V.MARKER_MISSING, V.TRUNCATED, V.FOREIGN_MARKER, V.CROSS_TENANT_LEAK, V.CANARY_INEFFECTIVE}
+)
+_LEAKS = frozenset({V.FOREIGN_MARKER, V.CROSS_TENANT_LEAK})
 
 
 def judge(
@@ -39,11 +50,28 @@ def judge(
     engine) means an over-limit prompt must be refused. ``tenant`` is the tenant whose
     credentials this probe was sent with (None: the endpoint's own key).
     """
-    found = ex.answer is not None and markers.contains_marker(ex.answer, plan.marker)
     drift = None if ex.prompt_tokens is None else ex.prompt_tokens - plan.planned_tokens
+    depths = outcomes(plan.placements, ex.answer, foreign) if len(plan.placements) > 1 else []
+    if depths:
+        # Several markers: the prompt was read whole only if every one came back.
+        found = ex.answer is not None and all(d.outcome is DepthOutcome.FOUND for d in depths)
+        lost = localise(depths, planned=plan.planned_tokens, reported=ex.prompt_tokens)
+        where = lost.sentence if lost.lost is not Lost.NONE else None
+    else:
+        found = ex.answer is not None and markers.contains_marker(ex.answer, plan.marker)
+        where = None
 
     def verdict(v: V, reason: str) -> Judgement:
-        return Judgement(v, reason, marker_found=found, foreign=list(foreign), token_drift=drift)
+        if where is not None and v in _LOCALISED:
+            reason = f"{reason}; {where}" if v in _LEAKS else f"{reason}: {where}"
+        return Judgement(
+            v,
+            reason,
+            marker_found=found,
+            foreign=list(foreign),
+            token_drift=drift,
+            depths=list(depths) if ex.answer is not None else [],
+        )
 
     if ex.transport_error is not None:
         return verdict(V.ERROR, f"transport failure ({ex.transport_error}): {ex.error_detail}")
@@ -183,7 +211,15 @@ def _judge_recall(
         )
     if not found:
         if plan.kind is ProbeKind.BASELINE:
-            return verdict(V.CANARY_INEFFECTIVE, "marker not recalled even from a short prompt")
+            what = "not every marker" if len(plan.placements) > 1 else "marker not"
+            return verdict(V.CANARY_INEFFECTIVE, f"{what} recalled even from a short prompt")
+        if len(plan.placements) > 1:
+            recalled = sum(1 for m in plan.markers if markers.contains_marker(ex.answer, m))
+            return verdict(
+                V.MARKER_MISSING,
+                f"200 but the answer lacks {len(plan.markers) - recalled} of "
+                f"{len(plan.markers)} markers",
+            )
         return verdict(V.MARKER_MISSING, "200 but the answer lacks the marker")
     if drift > plan.tolerance:
         # More tokens than planned is a counting problem, never an incident (DESIGN §3).

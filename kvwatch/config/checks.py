@@ -6,6 +6,9 @@ with an interval set on one endpoint.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from kvwatch.canary.planning import ANSWER_TOKENS_PER_CODE
 from kvwatch.config.durations import format_duration
 from kvwatch.config.expand import KeyPath
 from kvwatch.config.model import Config
@@ -20,6 +23,13 @@ def cross_field_problems(config: Config) -> list[Problem]:
     if defaults.jitter is not None and defaults.jitter >= defaults.interval:
         problems.append(
             (("defaults", "jitter"), _jitter_sentence(defaults.jitter, defaults.interval))
+        )
+    if _answer_too_short(defaults.max_tokens, len(defaults.marker_depths)):
+        problems.append(
+            (
+                ("defaults", "max_tokens"),
+                _room_sentence(defaults.max_tokens, defaults.marker_depths),
+            )
         )
     seen: set[str] = set()
     for index, (endpoint, spec) in enumerate(
@@ -67,6 +77,12 @@ def cross_field_problems(config: Config) -> list[Problem]:
                     )
                 )
 
+        # As with the jitter, a clash that comes only from `defaults` is reported above.
+        own = endpoint.max_tokens is not None or endpoint.marker_depths is not None
+        if own and _answer_too_short(spec.max_tokens, len(spec.marker_depths)):
+            key = "max_tokens" if endpoint.max_tokens is not None else "marker_depths"
+            problems.append(((*here, key), _room_sentence(spec.max_tokens, spec.marker_depths)))
+
         window = spec.context_window
         if window is not None and spec.baseline_tokens + spec.max_tokens > window:
             problems.append(
@@ -77,6 +93,18 @@ def cross_field_problems(config: Config) -> list[Problem]:
                 )
             )
     return problems
+
+
+def _answer_too_short(max_tokens: int, depths: int) -> bool:
+    # One marker per depth must all fit in the answer, or a whole prompt fails as if cut.
+    return depths > 1 and max_tokens < ANSWER_TOKENS_PER_CODE * depths
+
+
+def _room_sentence(max_tokens: int, depths: Sequence[float]) -> str:
+    return (
+        f"max_tokens {max_tokens} leaves no room to answer the {len(depths)} codes of "
+        f"marker_depths; use at least {ANSWER_TOKENS_PER_CODE * len(depths)}"
+    )
 
 
 def _jitter_sentence(jitter: float, interval: float) -> str:

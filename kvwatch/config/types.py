@@ -31,7 +31,9 @@ _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _ENDPOINT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _REGION = re.compile(r"[A-Za-z0-9_.-]{1,63}")
 _DIGITS = re.compile(r"\+?\d+")
-MAX_MARKER_DEPTH = 0.9
+# 1.0 puts a marker right before the question: with several depths, the marker a cut tail
+# loses first (issue 12).
+MAX_MARKER_DEPTH = 1.0
 DATABASE_SCHEMES = ("sqlite", "postgresql+psycopg")
 
 

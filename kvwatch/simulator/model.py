@@ -12,6 +12,7 @@ answer.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ _NO_POOL_GUARD = frozenset(
         FaultMode.ACCEPT_OVER_LIMIT,
     }
 )
+# How a several-marker canary (kvwatch.canary.planning.MultiLayout) asks for its codes.
+_ASKED_FOR = re.compile(r"(?:Remember|What are) the (\d+) codes")
 # What a swapped-out prompt becomes: one token, which holds nothing worth recalling.
 PLACEHOLDER_TOKENS = 1
 
@@ -188,9 +191,17 @@ class EndpointState:
 
 
 def recall(attended: str, *, can_recall: bool = True) -> str:
-    """The model: repeat the first kvwatch marker it attended to, verbatim."""
-    markers = find_markers(attended) if can_recall else []
-    return markers[0] if markers else NOT_FOUND
+    """The model: repeat the first kvwatch marker it attended to, verbatim; asked for N codes
+    (a prompt with one marker per depth), the first N it attended to, space-separated.
+
+    It learns N from whichever instruction it attended to, the opening one or the closing
+    question, so a cut that removes one of them still leaves it the other, as a real model
+    would read what is left.
+    """
+    found = list(dict.fromkeys(find_markers(attended))) if can_recall else []
+    asked = _ASKED_FOR.search(attended)
+    wanted = int(asked.group(1)) if asked else 1
+    return " ".join(found[:wanted]) if found else NOT_FOUND
 
 
 def _over_window(flavour: Flavour, window: int, prompt: int, max_tokens: int | None) -> bool:

@@ -147,6 +147,9 @@ class Probe(Base):
     trigger_probe_id: Mapped[int | None] = mapped_column(
         Id, ForeignKey("probes.id", ondelete="SET NULL")
     )
+    # One entry per marker when the prompt carried one per depth (migration 0008): depth,
+    # marker as issued, outcome (null until judged). NULL for a single-marker probe.
+    depth_outcomes: Mapped[list[dict[str, Any]] | None] = mapped_column(json_type())
 
 
 SERVED_WINDOW_SOURCES = ("search", "recovered")

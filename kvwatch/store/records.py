@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kvwatch.canary.model import ForeignMarker, ProbeState
+from kvwatch.canary.localise import classify
+from kvwatch.canary.model import DepthOutcome, DepthResult, ForeignMarker, Placement, ProbeState
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +37,9 @@ class NewProbe:
     slot: int | None = None  # the scheduled slot (epoch seconds) it runs for
     tenant: str | None = None  # whose credentials it is sent with; None: the endpoint's key
     trigger_probe_id: int | None = None  # a bisect probe's trigger (the failing probe)
+    # Every marker with its depth when the prompt carries one per depth (``marker`` is the
+    # first); each is stored in ``markers`` too, so a leaked one names this probe.
+    placements: Sequence[Placement] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +60,18 @@ class ProbeOutcome:
     error_detail: str | None = None
     ttfb_seconds: float | None = None
     duration_seconds: float | None = None
+    # Per depth, when the prompt carried one marker per depth and an answer came back.
+    depths: Sequence[DepthResult] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DepthEvidence:
+    """One marker of a several-depth probe as stored: outcome None until it was judged
+    (still running, or no answer came back)."""
+
+    depth: float
+    marker: str
+    outcome: str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,6 +113,7 @@ class ProbeRow:
     region: str | None = None  # of the replica that ran it; None without multi-region mode
     tenant: str | None = None  # whose credentials it was sent with; None: the endpoint's key
     trigger_probe_id: int | None = None  # a bisect probe's trigger (the failing probe)
+    depths: tuple[DepthEvidence, ...] = ()  # empty for a single-marker probe
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -163,3 +180,36 @@ def foreign_marker_from_json(data: dict[str, Any]) -> ForeignMarker:
         # Absent in evidence stored before tenants existed, and for the endpoint's own key.
         tenant=None if data.get("tenant") is None else str(data["tenant"]),
     )
+
+
+def depths_to_json(entries: Sequence[Placement] | Sequence[DepthResult]) -> list[dict[str, Any]]:
+    return [
+        {
+            "depth": e.depth,
+            "marker": e.marker,
+            "outcome": e.outcome.value if isinstance(e, DepthResult) else None,
+        }
+        for e in entries
+    ]
+
+
+def depths_from_json(data: list[dict[str, Any]] | None) -> tuple[DepthEvidence, ...]:
+    return tuple(
+        DepthEvidence(
+            depth=float(d["depth"]),
+            marker=str(d["marker"]),
+            outcome=None if d.get("outcome") is None else str(d["outcome"]),
+        )
+        for d in data or ()
+    )
+
+
+def lost_part(depths: Sequence[DepthEvidence]) -> str | None:
+    """Which part of the prompt a several-depth probe lost (head, tail, middle, all,
+    scattered, none); None for a single-marker probe or one never judged."""
+    judged = [
+        DepthResult(d.depth, d.marker, DepthOutcome(d.outcome))
+        for d in depths
+        if d.outcome is not None
+    ]
+    return classify(judged).value if len(judged) > 1 else None

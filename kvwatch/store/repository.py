@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from kvwatch.canary.markers import canonical
+from kvwatch.canary.markers import canonical, spelled
 from kvwatch.canary.model import ForeignMarker, ProbeState
 from kvwatch.store import rollups
 from kvwatch.store.errors import StoreError, StoreUnavailable
@@ -30,6 +30,8 @@ from kvwatch.store.records import (
     ProbeOutcome,
     ProbeRow,
     ServedWindowRecord,
+    depths_from_json,
+    depths_to_json,
     foreign_marker_from_json,
     foreign_marker_to_json,
 )
@@ -326,9 +328,15 @@ class Store:
                 .join(Probe, Probe.id == Marker.probe_id)
                 .where(Marker.marker.in_(wanted))
             ).all()
+        # A probe's first marker is kept as issued; the others of a several-depth probe
+        # are spelled from their canonical key (kvwatch issues them in canonical symbols).
         return {
             key: ForeignMarker(
-                marker=issued, probe_id=pid, endpoint=ep, issued_at=at, tenant=tenant
+                marker=issued if canonical(issued) == key else spelled(key),
+                probe_id=pid,
+                endpoint=ep,
+                issued_at=at,
+                tenant=tenant,
             )
             for key, issued, pid, ep, at, tenant in rows
         }
@@ -597,6 +605,7 @@ def _probe_row(row: Probe) -> ProbeRow:
         region=row.region,
         tenant=row.tenant,
         trigger_probe_id=row.trigger_probe_id,
+        depths=depths_from_json(row.depth_outcomes),
     )
 
 
@@ -637,20 +646,24 @@ def _add_probe(session: Session, p: NewProbe, *, state: ProbeState, **values: An
         slot=p.slot,
         tenant=p.tenant,
         trigger_probe_id=p.trigger_probe_id,
-        **values,
+        # The planned markers, unless the outcome (a whole probe at once) brings judged ones.
+        **{"depth_outcomes": depths_to_json(p.placements) if p.placements else None, **values},
     )
     session.add(row)
     session.flush()
-    if p.marker:  # a capacity check sends no prompt and issues no marker
-        session.add(
-            Marker(
-                marker=canonical(p.marker),
-                probe_id=row.id,
-                endpoint=p.endpoint,
-                issued_at=p.started_at,
-                tenant=p.tenant,
-            )
+    # A capacity check sends no prompt and issues no marker; a several-depth probe issues
+    # one per depth, each traced back to it if it ever turns up in another answer.
+    issued = [pl.marker for pl in p.placements] or ([p.marker] if p.marker else [])
+    session.add_all(
+        Marker(
+            marker=canonical(m),
+            probe_id=row.id,
+            endpoint=p.endpoint,
+            issued_at=p.started_at,
+            tenant=p.tenant,
         )
+        for m in issued
+    )
     return row.id
 
 
@@ -670,6 +683,8 @@ def _outcome_values(r: ProbeOutcome) -> dict[str, Any]:
         "error_detail": r.error_detail,
         "ttfb_seconds": r.ttfb_seconds,
         "duration_seconds": r.duration_seconds,
+        # Without an answer the planned markers (written at the start) stay as they are.
+        **({"depth_outcomes": depths_to_json(r.depths)} if r.depths else {}),
     }
 
 

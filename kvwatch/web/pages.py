@@ -15,11 +15,13 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
 from kvwatch import __version__
+from kvwatch.canary.localise import format_depth
 from kvwatch.canary.model import ProbeKind, Verdict
 from kvwatch.config import format_duration
 from kvwatch.store.queries import CursorError, HistoryQueries, ProbeFilter
 from kvwatch.web import svg
 from kvwatch.web.context import WebContext
+from kvwatch.web.depthbar import depth_bar
 from kvwatch.web.params import RANGES, ParamError, parse_time, parse_window
 from kvwatch.web.tones import severity, tone, worst
 
@@ -45,7 +47,14 @@ def _tokens(value: int | None) -> str:
 def build_templates() -> Jinja2Templates:
     templates = Jinja2Templates(directory=str(TEMPLATES))
     env = templates.env
-    env.globals.update(tone=tone, severity=severity, version=__version__, ranges=list(RANGES))
+    env.globals.update(
+        tone=tone,
+        severity=severity,
+        version=__version__,
+        ranges=list(RANGES),
+        depth_bar=depth_bar,
+        format_depth=format_depth,
+    )
     env.filters.update(when=_when, seconds=_seconds, tokens=_tokens)
     return templates
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kvwatch.canary.model import ProbeKind
 from kvwatch.store.queries import EndpointOverview, ProbeBrief, Summary
-from kvwatch.store.records import AlertStateRecord, ProbeRow, ServedWindowRecord
+from kvwatch.store.records import AlertStateRecord, ProbeRow, ServedWindowRecord, lost_part
 from kvwatch.web.settings import WebSettings
 from kvwatch.web.tones import severity, tone, worst
 
@@ -94,6 +94,15 @@ class ForeignMarker(_Model):
     url: str
 
 
+class DepthMarker(_Model):
+    depth: float = Field(description="Fraction of the filler before the marker.")
+    marker: str = Field(description="The marker planted at this depth, as issued.")
+    outcome: str | None = Field(
+        description="found | missing | foreign (another probe's marker was answered); "
+        "null when not judged (no answer)."
+    )
+
+
 class Probe(_Model):
     id: int
     url: str
@@ -126,6 +135,14 @@ class Probe(_Model):
     marker_depth: float
     marker_found: bool | None
     foreign_markers: list[ForeignMarker]
+    depths: list[DepthMarker] = Field(
+        description="One entry per marker, shallowest first, when the prompt carried one per "
+        "configured depth; empty for a single-marker probe."
+    )
+    lost: str | None = Field(
+        description="Which part of the prompt the engine lost, from the depths: head | tail | "
+        "middle | all | scattered | none; null for a single-marker or unjudged probe."
+    )
     http_status: int | None
     finish_reason: str | None
     streamed: bool
@@ -288,6 +305,8 @@ def probe(settings: WebSettings, r: ProbeRow, confirmed_by: list[int]) -> Probe:
             )
             for f in r.foreign_markers
         ],
+        depths=[DepthMarker(depth=d.depth, marker=d.marker, outcome=d.outcome) for d in r.depths],
+        lost=lost_part(r.depths),
         http_status=r.http_status,
         finish_reason=r.finish_reason,
         streamed=r.streamed,

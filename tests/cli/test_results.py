@@ -57,6 +57,7 @@ def test_results_filter_and_print_json_lines(config: Path, history: dict[str, in
         "planned_prompt_tokens": 8176,
         "reported_prompt_tokens": 8176,
         "marker_found": False,
+        "lost": None,
         "duration_seconds": 3.0,
         "replica": "kvwatch-0",
         "region": None,

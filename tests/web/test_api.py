@@ -48,6 +48,8 @@ def _leaked_probe(ids: dict[str, int], **overrides: Any) -> dict[str, Any]:
                 "url": f"/probes/{ids['b-base']}",
             }
         ],
+        "depths": [],
+        "lost": None,
         "http_status": 200,
         "finish_reason": "stop",
         "streamed": True,

@@ -1,0 +1,133 @@
+"""A several-depth probe stores every marker and, per depth, what became of it."""
+
+from __future__ import annotations
+
+from sqlalchemy import MetaData, insert, inspect, select
+
+from kvwatch.canary.markers import canonical, new_marker
+from kvwatch.canary.model import DepthOutcome, DepthResult, Placement
+from kvwatch.store import Store, create_engine_for
+from kvwatch.store.migrate import downgrade_engine, upgrade_engine
+from kvwatch.store.models import Marker
+from kvwatch.store.records import DepthEvidence
+from tests.store.conftest import T0, NewProbeFactory, outcome
+
+
+def _placements() -> tuple[Placement, ...]:
+    return tuple(Placement(d, new_marker()) for d in (0.0, 0.5, 1.0))
+
+
+def test_a_running_probe_shows_its_planted_markers_unjudged(
+    store: Store, new_probe: NewProbeFactory
+) -> None:
+    """begin_probe writes each depth's marker with no outcome yet, and issues all three."""
+    placed = _placements()
+    pid = store.begin_probe(new_probe(marker=placed[0].marker, placements=placed))
+    row = store.get_probe(pid)
+    assert row is not None
+    assert row.depths == tuple(DepthEvidence(p.depth, p.marker, None) for p in placed)
+    with store.engine.connect() as c:
+        issued = set(c.scalars(select(Marker.marker).where(Marker.probe_id == pid)))
+    assert issued == {canonical(p.marker) for p in placed}
+
+
+def test_finishing_stores_each_outcome_and_an_unanswered_probe_keeps_the_plan(
+    store: Store, new_probe: NewProbeFactory
+) -> None:
+    """Outcomes replace the plan when judged; without an answer the planted list stays."""
+    placed = _placements()
+    judged = [
+        DepthResult(p.depth, p.marker, o)
+        for p, o in zip(
+            placed, [DepthOutcome.MISSING, DepthOutcome.FOUND, DepthOutcome.FOUND], strict=True
+        )
+    ]
+    pid = store.begin_probe(new_probe(marker=placed[0].marker, placements=placed))
+    store.finish_probe(pid, outcome("marker_missing", marker_found=False, depths=judged))
+    row = store.get_probe(pid)
+    assert row is not None
+    assert [d.outcome for d in row.depths] == ["missing", "found", "found"]
+
+    other = _placements()
+    pid = store.begin_probe(new_probe(marker=other[0].marker, placements=other))
+    store.finish_probe(pid, outcome("error", marker_found=None))
+    row = store.get_probe(pid)
+    assert row is not None and [d.outcome for d in row.depths] == [None, None, None]
+
+
+def test_a_probe_written_whole_keeps_its_judged_depths(
+    store: Store, new_probe: NewProbeFactory
+) -> None:
+    """record_probe (the database was down at the start) stores the outcomes, not the plan."""
+    placed = _placements()
+    judged = [DepthResult(p.depth, p.marker, DepthOutcome.FOUND) for p in placed]
+    pid = store.record_probe(
+        new_probe(marker=placed[0].marker, placements=placed), outcome(depths=judged)
+    )
+    row = store.get_probe(pid)
+    assert row is not None and [d.outcome for d in row.depths] == ["found"] * 3
+    assert set(store.lookup_markers([canonical(p.marker) for p in placed])) == {
+        canonical(p.marker) for p in placed
+    }
+
+
+def test_a_single_marker_probe_has_no_depth_list(store: Store, new_probe: NewProbeFactory) -> None:
+    """The usual probe is stored exactly as before: depth_outcomes stays NULL."""
+    pid = store.begin_probe(new_probe())
+    store.finish_probe(pid, outcome())
+    row = store.get_probe(pid)
+    assert row is not None and row.depths == ()
+
+
+def test_migration_0008_adds_depth_outcomes_to_old_rows_as_null_and_drops_it_back(
+    db_url: str,
+) -> None:
+    """A probe stored at 0005 survives 0008 with no depths; downgrading removes the column."""
+    engine = create_engine_for(db_url)
+    try:
+        upgrade_engine(engine, "0005")
+        tables = MetaData()
+        tables.reflect(engine)
+        with engine.begin() as c:
+            c.execute(
+                insert(tables.tables["endpoints"]).values(
+                    id=1,
+                    name="ep",
+                    url="http://h/v1",
+                    flavour="openai",
+                    model="m",
+                    labels={},
+                    created_at=T0,
+                    updated_at=T0,
+                )
+            )
+            c.execute(
+                insert(tables.tables["probes"]).values(
+                    id=7,
+                    endpoint="ep",
+                    endpoint_id=1,
+                    kind="under",
+                    state="done",
+                    verdict="pass",
+                    started_at=T0,
+                    replica="kvwatch-0",
+                    model="m",
+                    planned_prompt_tokens=1,
+                    target_prompt_tokens=1,
+                    max_tokens=1,
+                    token_source="server",
+                    tokenize_calls=1,
+                    marker="KVW-AAAA-BBBB-CCCC",
+                    marker_depth=0.0,
+                    foreign_markers=[],
+                    streamed=True,
+                )
+            )
+        upgrade_engine(engine, "0008")
+        row = Store(engine).get_probe(7)
+        assert row is not None and row.depths == () and row.verdict == "pass"
+        downgrade_engine(engine, "0005")
+        columns = {c["name"] for c in inspect(engine).get_columns("probes")}
+        assert "depth_outcomes" not in columns and "region" in columns
+    finally:
+        engine.dispose()
