@@ -11,6 +11,7 @@ EXPECTED = {
     "pass": "ok",
     "marker_missing": "critical",
     "foreign_marker": "critical",
+    "cross_tenant_leak": "critical",
     "over_accepted": "critical",
     "over_truncated": "info",
     "truncated": "critical",
