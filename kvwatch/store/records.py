@@ -54,6 +54,14 @@ class ProbeOutcome:
     error_detail: str | None = None
     ttfb_seconds: float | None = None
     duration_seconds: float | None = None
+    # What planning settled. A scheduled probe's row is begun before it is planned (its slot
+    # claim and its start are one transaction, and a replica that loses the claim must not
+    # plan); these complete the row when it finishes. None keeps the value it was begun with.
+    planned_prompt_tokens: int | None = None
+    target_prompt_tokens: int | None = None
+    tokenize_calls: int | None = None
+    marker_depth: float | None = None
+    token_source: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
