@@ -49,7 +49,7 @@ from kvwatch.store.errors import StoreError, StoreUnavailable
 from kvwatch.store.records import AlertStateRecord, NewProbe, ProbeOutcome
 from kvwatch.store.repository import Store
 from kvwatch.tokens.base import TokenCounter
-from kvwatch.writebehind import PendingResult, ResultBuffer
+from kvwatch.writebehind import PendingResult, ResultBuffer, SlotTaken
 
 EXCERPT_CHARS = 400
 # A discovered window above this is garbage, not a model: planning it would build a prompt
@@ -96,6 +96,21 @@ class ProbeReport:
     finished_at: datetime
 
 
+@dataclass(slots=True)
+class SlotClaim:
+    """A scheduled slot as its probes go through it.
+
+    The first probe's start claims the slot in the same transaction (``claimed``), and the
+    result of the slot's last probe marks it done in the same transaction (``completed``):
+    two transactions per scheduled probe instead of four.
+    """
+
+    slot: int
+    ttl: float
+    claimed: bool = False
+    completed: bool = False
+
+
 class AlertHook(Protocol):
     """Alert evaluation plugged into the runner (see kvwatch.alerting)."""
 
@@ -133,30 +148,40 @@ class ProbeRunner:
         """
         spec = target.spec
         # Long enough for the probe and its confirmation, each up to its deadline.
-        ttl = 2 * spec.timeouts[kind] + 30
+        claim = SlotClaim(slot, ttl=2 * spec.timeouts[kind] + 30)
+        if kind is ProbeKind.CAPACITY:
+            # A capacity check stores a row only once discovery answered (an engine that
+            # reports no pool stores nothing), so its claim cannot wait for that row.
+            try:
+                claim.claimed = await asyncio.to_thread(
+                    self.store.claim_slot, spec.name, kind.value, slot, self.replica, claim.ttl
+                )
+            except StoreUnavailable as exc:
+                log.warning("slot_unclaimed", endpoint=spec.name, kind=kind.value, error=str(exc))
+                claim.claimed = True
+            if not claim.claimed:
+                log.debug("slot_taken", endpoint=spec.name, kind=kind.value, slot=slot)
+                return []
         try:
-            claimed = await asyncio.to_thread(
-                self.store.claim_slot, spec.name, kind.value, slot, self.replica, ttl
+            reports = await self.run_checked(
+                target, kind, slot=slot, scheduled=scheduled, claim=claim
             )
-        except StoreUnavailable as exc:
-            # Without the database no replica can coordinate: a slot run twice is better
-            # than a slot nobody runs while the database is down.
-            log.warning("slot_unclaimed", endpoint=spec.name, kind=kind.value, error=str(exc))
-            claimed = True
-        if not claimed:
+        except SlotTaken:
             log.debug("slot_taken", endpoint=spec.name, kind=kind.value, slot=slot)
             return []
-        reports = await self.run_checked(target, kind, slot=slot, scheduled=scheduled)
-        try:
-            await asyncio.to_thread(
-                self.store.complete_slot,
-                spec.name,
-                kind.value,
-                slot,
-                reports[-1].probe_id if reports else None,
-            )
-        except StoreUnavailable as exc:
-            log.warning("slot_not_completed", endpoint=spec.name, kind=kind.value, error=str(exc))
+        if not claim.completed:  # e.g. a capacity check that stored nothing
+            try:
+                await asyncio.to_thread(
+                    self.store.complete_slot,
+                    spec.name,
+                    kind.value,
+                    slot,
+                    reports[-1].probe_id if reports else None,
+                )
+            except StoreUnavailable as exc:
+                log.warning(
+                    "slot_not_completed", endpoint=spec.name, kind=kind.value, error=str(exc)
+                )
         return reports
 
     async def run_checked(
@@ -167,34 +192,54 @@ class ProbeRunner:
         *,
         slot: int | None = None,
         scheduled: datetime | None = None,
+        claim: SlotClaim | None = None,
     ) -> list[ProbeReport]:
         """Run a probe and, on a critical verdict, its confirmation probe at once.
 
         A capacity check that finds the KV pool smaller than the window goes on to the edge
-        probe, just over the pool: exactly where the incident happened.
+        probe, just over the pool: exactly where the incident happened. With ``claim`` (a
+        scheduled slot), raises :class:`SlotTaken` if another replica runs the slot.
         """
         if kind is ProbeKind.CAPACITY:
-            first_check = await self._run_capacity(target, slot=slot, scheduled=scheduled)
+            first_check = await self._run_capacity(
+                target, slot=slot, scheduled=scheduled, claim=claim
+            )
             if first_check is None:
                 return []
             reports = [first_check]
         else:
             reports = [
-                await self.run(target, kind, progress=progress, slot=slot, scheduled=scheduled)
+                await self.run(
+                    target, kind, progress=progress, slot=slot, scheduled=scheduled, claim=claim
+                )
             ]
         first = reports[0]
-        if target.spec.confirm and SEVERITY[first.verdict] is Severity.CRITICAL:
+        if self._confirms(target, first.verdict):
             if kind is ProbeKind.CAPACITY:
-                again = await self._run_capacity(target, confirms=first.probe_id, slot=slot)
+                again = await self._run_capacity(
+                    target, confirms=first.probe_id, slot=slot, claim=claim
+                )
                 reports += [again] if again is not None else []
             else:
                 confirm = await self.run(
-                    target, kind, confirms=first.probe_id, progress=progress, slot=slot
+                    target, kind, confirms=first.probe_id, progress=progress, slot=slot, claim=claim
                 )
                 reports.append(confirm)
-        if kind is ProbeKind.CAPACITY and reports[-1].verdict is Verdict.CAPACITY_MISMATCH:
+        if _goes_to_edge(kind, reports[-1].verdict):
             reports += await self.run_checked(target, ProbeKind.EDGE, progress=progress)
         return reports
+
+    def _confirms(self, target: Target, verdict: Verdict) -> bool:
+        """Whether a (first) probe with ``verdict`` is re-checked by a confirmation probe."""
+        return target.spec.confirm and SEVERITY[verdict] is Severity.CRITICAL
+
+    def _last_of_slot(
+        self, target: Target, kind: ProbeKind, verdict: Verdict, *, confirming: bool
+    ) -> bool:
+        """Whether ``run_checked`` runs no further probe after this one (in step with it)."""
+        if not confirming and self._confirms(target, verdict):
+            return False
+        return not _goes_to_edge(kind, verdict)
 
     async def _run_capacity(
         self,
@@ -203,6 +248,7 @@ class ProbeRunner:
         confirms: int | None = None,
         slot: int | None = None,
         scheduled: datetime | None = None,
+        claim: SlotClaim | None = None,
     ) -> ProbeReport | None:
         """Compare what the engine reports (window, KV pool) with itself and the config.
 
@@ -252,9 +298,9 @@ class ProbeRunner:
             marker="",
             streamed=False,
         )
-        probe_id = await self.results.begin(new)
+        probe_id = await self._begin(new, claim)
         return await self._finish(
-            target, kind, new, probe_id, None, exchange, judgement, scheduled=scheduled
+            target, kind, new, probe_id, None, exchange, judgement, scheduled=scheduled, claim=claim
         )
 
     async def run(
@@ -266,22 +312,15 @@ class ProbeRunner:
         progress: ProgressCallback | None = None,
         slot: int | None = None,
         scheduled: datetime | None = None,
+        claim: SlotClaim | None = None,
     ) -> ProbeReport:
+        """Run one probe. With ``claim`` not yet claimed, its start claims the slot (raises
+        :class:`SlotTaken` if another replica has it; nothing is planned or sent then)."""
         spec = target.spec
         marker = markers.new_marker()
         started = self.clock()
-        plan: PlannedPrompt | None = None
-        failure: Judgement | None = None
-        try:
-            plan = await self._plan(target, kind, marker)
-        except EngineAuthError as exc:
-            failure = Judgement(Verdict.AUTH_ERROR, f"cannot plan the canary: {exc}")
-        except (PlanningError, SizingError, WindowUnknown) as exc:
-            failure = Judgement(Verdict.ERROR, f"cannot plan the canary: {exc}")
-        except Exception as exc:  # tokenize endpoint down, garbage from it...
-            reason = f"cannot plan the canary: {type(exc).__name__}: {_short(str(exc))}"
-            failure = Judgement(Verdict.ERROR, reason)
-
+        # Written before planning: planning may call the engine (tokenize), and the row must
+        # exist before anything goes out. What planning settles is stored with the result.
         new = self._new_probe(
             target,
             kind,
@@ -289,18 +328,36 @@ class ProbeRunner:
             confirms=confirms,
             slot=slot,
             max_tokens=spec.max_tokens,
-            token_source=plan.token_source if plan else target.counter.source,
+            token_source=target.counter.source,
             marker=marker,
             streamed=spec.stream,
-            plan=plan,
         )
-        probe_id = await self.results.begin(new)
+        probe_id = await self._begin(new, claim)
+        plan: PlannedPrompt | None = None
         try:
+            failure: Judgement | None = None
+            try:
+                plan = await self._plan(target, kind, marker)
+            except EngineAuthError as exc:
+                failure = Judgement(Verdict.AUTH_ERROR, f"cannot plan the canary: {exc}")
+            except (PlanningError, SizingError, WindowUnknown) as exc:
+                failure = Judgement(Verdict.ERROR, f"cannot plan the canary: {exc}")
+            except Exception as exc:  # tokenize endpoint down, garbage from it...
+                reason = f"cannot plan the canary: {type(exc).__name__}: {_short(str(exc))}"
+                failure = Judgement(Verdict.ERROR, reason)
             if plan is None:
                 assert failure is not None
                 exchange = Exchange(error_detail=failure.reason)
                 judgement = failure
             else:
+                new = dataclasses.replace(
+                    new,
+                    planned_prompt_tokens=plan.planned_tokens,
+                    target_prompt_tokens=plan.target_tokens,
+                    token_source=plan.token_source,
+                    tokenize_calls=plan.tokenize_calls,
+                    marker_depth=plan.marker_depth,
+                )
                 exchange = await target.engine.chat(
                     plan.messages,
                     max_tokens=plan.max_tokens,
@@ -328,8 +385,16 @@ class ProbeRunner:
             self.metrics.interrupted.inc()
             raise
         return await self._finish(
-            target, kind, new, probe_id, plan, exchange, judgement, scheduled=scheduled
+            target, kind, new, probe_id, plan, exchange, judgement, scheduled=scheduled, claim=claim
         )
+
+    async def _begin(self, new: NewProbe, claim: SlotClaim | None) -> int | None:
+        """Record a probe's start, claiming its slot in the same transaction if not yet."""
+        if claim is None or claim.claimed:
+            return await self.results.begin(new)
+        probe_id = await self.results.begin(new, claim_ttl=claim.ttl)
+        claim.claimed = True  # or the database is down: then the slot runs here anyway
+        return probe_id
 
     def _new_probe(
         self,
@@ -452,6 +517,7 @@ class ProbeRunner:
         judgement: Judgement,
         *,
         scheduled: datetime | None = None,
+        claim: SlotClaim | None = None,
     ) -> ProbeReport:
         spec = target.spec
         confirms = new.confirms_probe_id
@@ -488,12 +554,27 @@ class ProbeRunner:
             error_detail=_bounded(ex.error_detail, ERROR_BODY_CHARS),
             ttfb_seconds=ex.ttfb_seconds,
             duration_seconds=ex.total_seconds,
+            planned_prompt_tokens=new.planned_prompt_tokens,
+            target_prompt_tokens=new.target_prompt_tokens,
+            tokenize_calls=new.tokenize_calls,
+            marker_depth=new.marker_depth,
+            token_source=new.token_source,
+        )
+        # The slot's last result marks it done in its own transaction (or, buffered during
+        # an outage, when it is written).
+        completes = (
+            claim is not None
+            and claim.claimed
+            and not claim.completed
+            and self._last_of_slot(target, kind, judgement.verdict, confirming=confirms is not None)
         )
         t0 = time.perf_counter()
         stored_id = await self.results.finish(
-            PendingResult(probe_id, new, outcome, tuple(alert_states))
+            PendingResult(probe_id, new, outcome, tuple(alert_states), completes_slot=completes)
         )
         write_seconds = time.perf_counter() - t0
+        if claim is not None and completes:
+            claim.completed = True
         if stored_id is not None and report.probe_id is None:
             report = dataclasses.replace(report, probe_id=stored_id)
         # Adopted even while the write is buffered, so paging goes on during a database
@@ -540,6 +621,11 @@ class ProbeRunner:
 
 class WindowUnknown(Exception):
     pass
+
+
+def _goes_to_edge(kind: ProbeKind, verdict: Verdict) -> bool:
+    """A capacity mismatch goes on to the edge probe (``run_checked``)."""
+    return kind is ProbeKind.CAPACITY and verdict is Verdict.CAPACITY_MISMATCH
 
 
 def _bounded(text: str | None, limit: int) -> str | None:
