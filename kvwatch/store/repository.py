@@ -43,6 +43,7 @@ from kvwatch.store.records import (
     foreign_marker_from_json,
     foreign_marker_to_json,
 )
+from kvwatch.store.statements import compiled_once
 
 _ALERT_KEY = ("alertname", "endpoint", "probe", "region")
 
@@ -718,9 +719,22 @@ _FINISH = (
     )
     .returning(*(_PROBES.c[name] for name in ("id", "slot", *rollups.FROM_PROBE)))
 )
+_CLAIM_KEYS = (
+    "endpoint",
+    "kind",
+    "slot",
+    "region",
+    "replica",
+    "claimed_at",
+    "expires_at",
+    "attempts",
+    "done",
+)
 _CLAIM = {
-    "postgresql": postgresql.insert(_SLOTS).on_conflict_do_nothing().returning(_SLOTS.c.slot),
-    "sqlite": sqlite.insert(_SLOTS).on_conflict_do_nothing().returning(_SLOTS.c.slot),
+    dialect: compiled_once(
+        insert_for(_SLOTS).on_conflict_do_nothing().returning(_SLOTS.c.slot), dialect, _CLAIM_KEYS
+    )
+    for dialect, insert_for in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
 }
 _COMPLETE = (
     update(_SLOTS)

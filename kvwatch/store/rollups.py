@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session
 
 from kvwatch.canary.model import ProbeKind, ProbeState
 from kvwatch.store.models import Probe, ProbeRollup
+from kvwatch.store.statements import compiled_once
 
 HOUR = 3600
 _KEY = ("endpoint", "hour", "verdict")
@@ -241,8 +242,8 @@ def _merge(session: Session, rows: list[dict[str, Any]]) -> None:
 
 @functools.cache
 def _merge_statement(dialect: str) -> Any:
-    """The upsert that adds rows to ``probe_rollups``; built once per dialect, because it
-    runs for every finished probe and building it cost more than executing it."""
+    """The upsert that adds rows to ``probe_rollups``, compiled once per dialect: it runs
+    for every finished probe (see :mod:`kvwatch.store.statements`)."""
     stmt: Any = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(ProbeRollup)
     t = ProbeRollup.__table__.c
     new = stmt.excluded
@@ -255,7 +256,8 @@ def _merge_statement(dialect: str) -> Any:
         (new.durations == "", t.durations),
         else_=t.durations + " " + new.durations,
     )
-    return stmt.on_conflict_do_update(index_elements=list(_KEY), set_=changes)
+    upsert = stmt.on_conflict_do_update(index_elements=list(_KEY), set_=changes)
+    return compiled_once(upsert, dialect, [c.name for c in ProbeRollup.__table__.columns])
 
 
 def _greater(old: Any, new: Any) -> ColumnElement[Any]:
