@@ -53,6 +53,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -197,12 +198,13 @@ class Result:
     def steady_p99(self) -> float | None:
         return percentile(self.steady_lags, 99) if self.steady_lags else None
 
+    steady_finished: int = 0  # probes finished after the first interval
+    steady_seconds: float = 0.0
+
     @property
     def achieved(self) -> float:
-        """Slots run per second in the measured window."""
-        if not self.window_seconds:
-            return 0.0
-        return (self.expected - self.lost) / self.window_seconds
+        """Probes finished per second after the first interval (start-up is over)."""
+        return self.steady_finished / self.steady_seconds if self.steady_seconds else 0.0
 
     @property
     def cpu_per_probe_ms(self) -> float:
@@ -279,6 +281,8 @@ def run_one(opts: Options, db_kind: str) -> Result:
                     proc.wait()
             count_slots(db_url, result, opts, started, stopped)
     read_log(log_path, result, opts.interval)
+    result.steady_finished = finished_between(log_path, started + opts.interval, stopped)
+    result.steady_seconds = stopped - started - opts.interval
     if opts.keep_logs:
         print(f"# logs kept in {tmp}", file=sys.stderr)
     else:
@@ -316,6 +320,17 @@ def count_slots(db_url: str, result: Result, opts: Options, started: float, stop
     result.lost = sum(1 for key in expected if key not in runs)
     result.duplicates = sum(n - 1 for n in runs.values() if n > 1)
     result.window_seconds = len(slots) * opts.interval
+
+
+def finished_between(path: Path, since: float, until: float) -> int:
+    """Probe lines logged between two epoch times."""
+    count = 0
+    with open(path) as f:
+        for line in f:
+            if line.startswith("{") and '"event": "probe"' in line:
+                at = datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp()
+                count += since <= at < until
+    return count
 
 
 def read_log(path: Path, result: Result, warmup: float) -> None:
@@ -455,7 +470,7 @@ def parse(argv: list[str]) -> Options:
         "--duration",
         type=float,
         default=None,
-        help="seconds per database (--fixed; default 600) or per step (default 75)",
+        help="seconds per database (--fixed; default 600) or per step (default 90)",
     )
     parser.add_argument(
         "--interval", type=float, default=None, help="default: 60 s --fixed, 20 s stepping"
@@ -477,7 +492,7 @@ def parse(argv: list[str]) -> Options:
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
     interval = args.interval if args.interval is not None else (60.0 if args.fixed else 20.0)
-    duration = args.duration if args.duration is not None else (600.0 if args.fixed else 75.0)
+    duration = args.duration if args.duration is not None else (600.0 if args.fixed else 90.0)
     probes = args.probes or ("baseline" if args.fixed else "under,over,baseline")
     return Options(
         endpoints=args.endpoints,
