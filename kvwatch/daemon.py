@@ -29,7 +29,7 @@ from kvwatch.engines.factory import build_engine
 from kvwatch.metrics import ConfigMetrics, ProbeMetrics
 from kvwatch.retention import retention_loop
 from kvwatch.runner import ProbeRunner, Target
-from kvwatch.scheduler import MAX_CONCURRENT_PROBES, ProbeScheduler
+from kvwatch.scheduler import ProbeScheduler
 from kvwatch.store import migrate
 from kvwatch.store.engine import create_engine_for
 from kvwatch.store.errors import StoreError
@@ -45,10 +45,8 @@ from kvwatch.writebehind import ResultBuffer
 log = structlog.get_logger("kvwatch.daemon")
 
 # Connection pool sized for concurrent canaries; no overall timeout here because every
-# probe brings its own deadline (a 1M-token prefill may legitimately take minutes). As many
-# connections are kept alive as probes may be in flight: with fewer, a busy fleet closed and
-# reopened a TCP connection for most requests (6% of the daemon's CPU at 50 probes/s).
-HTTP_LIMITS = httpx.Limits(max_connections=200, max_keepalive_connections=MAX_CONCURRENT_PROBES)
+# probe brings its own deadline (a 1M-token prefill may legitimately take minutes).
+HTTP_LIMITS = httpx.Limits(max_connections=200, max_keepalive_connections=50)
 
 
 def build_http_client() -> httpx.AsyncClient:
