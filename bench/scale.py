@@ -11,9 +11,9 @@ Two modes, each one command:
 
 * ``python -m bench.scale`` (the default): the saturation point. The offered rate (endpoints
   x kinds / interval, three kinds every 20 s) steps up through ``--steps`` probes/s, each step
-  a fresh kvwatch, simulator and database for ``--step-duration`` seconds, until lag p99 first
-  exceeds 1 s; printed per database with a row per step. About 4-8 minutes for both
-  databases.
+  a fresh kvwatch, simulator and database for ``--duration`` (90) seconds, until lag p99 first
+  exceeds 1 s; printed per database with a row per step. No step that would end past ``--budget``
+  (300 s) per database starts, so both take at most about 10 minutes.
 * ``python -m bench.scale --fixed [--endpoints 1000] [--probes under,over,baseline]
   [--duration 600]``: one fleet at one rate (issue 8's measurement; three kinds on 1,000
   endpoints once a minute is 50 probes/s).
@@ -173,6 +173,7 @@ class Options:
     keep_logs: bool
     fixed: bool = False
     steps: list[float] = field(default_factory=list)
+    budget: float = 300.0
 
 
 @dataclass
@@ -428,7 +429,16 @@ def saturation(opts: Options, db_kind: str) -> None:
     print(f"## {db_kind}: saturation (three kinds every {opts.interval:g} s)")
     print(TABLE_HEADER)
     last_ok: tuple[float, Result] | None = None
+    began = time.monotonic()
     for rate in opts.steps:
+        # A step takes its duration plus start-up and a graceful stop (~15 s).
+        if last_ok and time.monotonic() - began + opts.duration + 15 > opts.budget:
+            print(
+                f"saturation ({db_kind}): time budget ({opts.budget:g} s) spent; lag p99 <= "
+                f"{LAG_P99_TARGET:g} s up to {last_ok[0]:.1f} probes/s offered "
+                f"({last_ok[1].achieved:.1f} achieved), higher rates not tried"
+            )
+            return
         endpoints = max(1, round(rate * opts.interval / len(opts.probes)))
         step = dataclasses.replace(opts, endpoints=endpoints, duration=opts.duration)
         r = run_one(step, db_kind)
@@ -481,8 +491,14 @@ def parse(argv: list[str]) -> Options:
     )
     parser.add_argument(
         "--steps",
-        default="30,45,60,80",
+        default="10,20,30,45,60,80",
         help="offered probes/s to step through, in order, until lag p99 exceeds 1 s",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=300.0,
+        help="seconds per database for stepping: no step that would end past it starts",
     )
     parser.add_argument("--fleet-window", default="2048-8192")
     parser.add_argument("--db", choices=("sqlite", "postgres", "both"), default="both")
@@ -506,6 +522,7 @@ def parse(argv: list[str]) -> Options:
         keep_logs=args.keep_logs,
         fixed=args.fixed,
         steps=[float(x) for x in args.steps.split(",") if x.strip()],
+        budget=args.budget,
     )
 
 
