@@ -13,7 +13,7 @@ Two modes, each one command:
   x kinds / interval, three kinds every 20 s) steps up through ``--steps`` probes/s, each step
   a fresh kvwatch, simulator and database for ``--duration`` (90) seconds, until lag p99 first
   exceeds 1 s; printed per database with a row per step. No step that would end past ``--budget``
-  (300 s) per database starts, so both take at most about 10 minutes.
+  (330 s) per database starts, so both take at most about 11 minutes.
 * ``python -m bench.scale --fixed [--endpoints 1000] [--probes under,over,baseline]
   [--duration 600]``: one fleet at one rate (issue 8's measurement; three kinds on 1,000
   endpoints once a minute is 50 probes/s).
@@ -173,7 +173,7 @@ class Options:
     keep_logs: bool
     fixed: bool = False
     steps: list[float] = field(default_factory=list)
-    budget: float = 300.0
+    budget: float = 330.0
 
 
 @dataclass
@@ -491,13 +491,13 @@ def parse(argv: list[str]) -> Options:
     )
     parser.add_argument(
         "--steps",
-        default="10,20,30,45,60,80",
+        default="25,35,45,55,70",
         help="offered probes/s to step through, in order, until lag p99 exceeds 1 s",
     )
     parser.add_argument(
         "--budget",
         type=float,
-        default=300.0,
+        default=330.0,
         help="seconds per database for stepping: no step that would end past it starts",
     )
     parser.add_argument("--fleet-window", default="2048-8192")
