@@ -36,7 +36,6 @@ from kvwatch.canary.model import (
     Verdict,
 )
 from kvwatch.canary.planning import PlanningError, plan_prompt
-from kvwatch.canary.served import probe_budget
 from kvwatch.canary.sizing import (
     SizingError,
     edge_prompt_tokens,
@@ -58,7 +57,7 @@ from kvwatch.store.records import (
 )
 from kvwatch.store.repository import Store
 from kvwatch.tokens.base import TokenCounter
-from kvwatch.writebehind import PendingResult, ResultBuffer
+from kvwatch.writebehind import PendingResult, ResultBuffer, SlotTaken
 
 EXCERPT_CHARS = 400
 # A discovered window above this is garbage, not a model: planning it would build a prompt
@@ -148,6 +147,21 @@ class ProbeReport:
     depths: tuple[DepthResult, ...] = ()
 
 
+@dataclass(slots=True)
+class SlotClaim:
+    """A scheduled slot as its probes go through it.
+
+    The first probe's start claims the slot in the same transaction (``claimed``), and the
+    result of the slot's last probe marks it done in the same transaction (``completed``):
+    two transactions per scheduled probe instead of four.
+    """
+
+    slot: int
+    ttl: float
+    claimed: bool = False
+    completed: bool = False
+
+
 class AlertHook(Protocol):
     """Alert evaluation plugged into the runner (see kvwatch.alerting)."""
 
@@ -194,36 +208,41 @@ class ProbeRunner:
         late it actually started (``lag_seconds``), the first sign of an overloaded replica.
         """
         spec = target.spec
-        # Long enough for the probe and its confirmation, each up to its deadline, and for a
-        # served-window search that may follow a window failure (its steps run in the slot).
-        ttl = 2 * spec.timeouts[kind] + 30
-        if spec.served_window and kind in (ProbeKind.UNDER, ProbeKind.CAPACITY):
-            edge = 2 * spec.timeouts[ProbeKind.EDGE] if kind is ProbeKind.CAPACITY else 0
-            window = target.window or spec.context_window or MAX_PLAUSIBLE_WINDOW
-            ttl += edge + probe_budget(window) * spec.timeouts[ProbeKind.BISECT]
+        # Long enough for the probe and its confirmation, each up to its deadline.
+        claim = SlotClaim(slot, ttl=2 * spec.timeouts[kind] + 30)
+        if kind is ProbeKind.CAPACITY:
+            # A capacity check stores a row only once discovery answered (an engine that
+            # reports no pool stores nothing), so its claim cannot wait for that row.
+            try:
+                claim.claimed = await asyncio.to_thread(
+                    self.store.claim_slot, spec.name, kind.value, slot, self.replica, claim.ttl
+                )
+            except StoreUnavailable as exc:
+                log.warning("slot_unclaimed", endpoint=spec.name, kind=kind.value, error=str(exc))
+                claim.claimed = True
+            if not claim.claimed:
+                log.debug("slot_taken", endpoint=spec.name, kind=kind.value, slot=slot)
+                return []
         try:
-            claimed = await asyncio.to_thread(
-                self.store.claim_slot, spec.name, kind.value, slot, self.replica, ttl
+            reports = await self.run_checked(
+                target, kind, slot=slot, scheduled=scheduled, claim=claim
             )
-        except StoreUnavailable as exc:
-            # Without the database no replica can coordinate: a slot run twice is better
-            # than a slot nobody runs while the database is down.
-            log.warning("slot_unclaimed", endpoint=spec.name, kind=kind.value, error=str(exc))
-            claimed = True
-        if not claimed:
+        except SlotTaken:
             log.debug("slot_taken", endpoint=spec.name, kind=kind.value, slot=slot)
             return []
-        reports = await self.run_checked(target, kind, slot=slot, scheduled=scheduled)
-        try:
-            await asyncio.to_thread(
-                self.store.complete_slot,
-                spec.name,
-                kind.value,
-                slot,
-                reports[-1].probe_id if reports else None,
-            )
-        except StoreUnavailable as exc:
-            log.warning("slot_not_completed", endpoint=spec.name, kind=kind.value, error=str(exc))
+        if not claim.completed:  # e.g. a capacity check that stored nothing
+            try:
+                await asyncio.to_thread(
+                    self.store.complete_slot,
+                    spec.name,
+                    kind.value,
+                    slot,
+                    reports[-1].probe_id if reports else None,
+                )
+            except StoreUnavailable as exc:
+                log.warning(
+                    "slot_not_completed", endpoint=spec.name, kind=kind.value, error=str(exc)
+                )
         return reports
 
     async def run_checked(
@@ -235,6 +254,7 @@ class ProbeRunner:
         slot: int | None = None,
         scheduled: datetime | None = None,
         tenant: TenantSpec | None = None,
+        claim: SlotClaim | None = None,
     ) -> list[ProbeReport]:
         """Run a probe and, on a critical verdict, its confirmation probe at once.
 
@@ -242,24 +262,36 @@ class ProbeRunner:
         probe, just over the pool: exactly where the incident happened. With tenants, an
         under or edge probe runs under the slot's tenant (``tenant`` overrides it), and its
         confirmation under the same one: it re-checks what that tenant was served.
+        With ``claim`` (a scheduled
+        slot), raises :class:`SlotTaken` if another replica runs the slot.
         """
         if kind is not ProbeKind.CAPACITY:
             tenant = target.tenant_of(kind, slot, tenant)
         if kind is ProbeKind.CAPACITY:
-            first_check = await self._run_capacity(target, slot=slot, scheduled=scheduled)
+            first_check = await self._run_capacity(
+                target, slot=slot, scheduled=scheduled, claim=claim
+            )
             if first_check is None:
                 return []
             reports = [first_check]
         else:
             reports = [
                 await self.run(
-                    target, kind, progress=progress, slot=slot, scheduled=scheduled, tenant=tenant
+                    target,
+                    kind,
+                    progress=progress,
+                    slot=slot,
+                    scheduled=scheduled,
+                    tenant=tenant,
+                    claim=claim,
                 )
             ]
         first = reports[0]
-        if target.spec.confirm and SEVERITY[first.verdict] is Severity.CRITICAL:
+        if self._confirms(target, first.verdict):
             if kind is ProbeKind.CAPACITY:
-                again = await self._run_capacity(target, confirms=first.probe_id, slot=slot)
+                again = await self._run_capacity(
+                    target, confirms=first.probe_id, slot=slot, claim=claim
+                )
                 reports += [again] if again is not None else []
             else:
                 confirm = await self.run(
@@ -269,9 +301,10 @@ class ProbeRunner:
                     progress=progress,
                     slot=slot,
                     tenant=tenant,
+                    claim=claim,
                 )
                 reports.append(confirm)
-        if kind is ProbeKind.CAPACITY and reports[-1].verdict is Verdict.CAPACITY_MISMATCH:
+        if _goes_to_edge(kind, reports[-1].verdict):
             # The edge probe takes its tenant from the capacity slot's turn (no slot of its own).
             edge_tenant = target.tenant_of(ProbeKind.EDGE, slot) if slot is not None else tenant
             reports += await self.run_checked(
@@ -295,6 +328,18 @@ class ProbeRunner:
             log.warning("alert_states_not_saved", endpoint=target.spec.name, error=str(exc))
         self.alert_hook.committed(records)
 
+    def _confirms(self, target: Target, verdict: Verdict) -> bool:
+        """Whether a (first) probe with ``verdict`` is re-checked by a confirmation probe."""
+        return target.spec.confirm and SEVERITY[verdict] is Severity.CRITICAL
+
+    def _last_of_slot(
+        self, target: Target, kind: ProbeKind, verdict: Verdict, *, confirming: bool
+    ) -> bool:
+        """Whether ``run_checked`` runs no further probe after this one (in step with it)."""
+        if not confirming and self._confirms(target, verdict):
+            return False
+        return not _goes_to_edge(kind, verdict)
+
     async def _run_capacity(
         self,
         target: Target,
@@ -302,6 +347,7 @@ class ProbeRunner:
         confirms: int | None = None,
         slot: int | None = None,
         scheduled: datetime | None = None,
+        claim: SlotClaim | None = None,
     ) -> ProbeReport | None:
         """Compare what the engine reports (window, KV pool) with itself and the config.
 
@@ -352,9 +398,9 @@ class ProbeRunner:
             streamed=False,
             tenant=target.spec.default_tenant,
         )
-        probe_id = await self.results.begin(new)
+        probe_id = await self._begin(new, claim)
         return await self._finish(
-            target, kind, new, probe_id, None, exchange, judgement, scheduled=scheduled
+            target, kind, new, probe_id, None, exchange, judgement, scheduled=scheduled, claim=claim
         )
 
     async def run(
@@ -369,12 +415,14 @@ class ProbeRunner:
         tenant: TenantSpec | None = None,
         size: int | None = None,
         trigger: int | None = None,
+        claim: SlotClaim | None = None,
     ) -> ProbeReport:
         """One probe. ``tenant``: whose credentials the canary is sent with (default: the
         endpoint's identity, see :meth:`Target.tenant_of`); planning always uses the
         endpoint's own, as token counts do not depend on who asks. A ``bisect`` probe carries
         a prompt of ``size`` tokens and is linked to the failing probe that started its
-        search (``trigger``)."""
+        search (``trigger``). With ``claim`` not yet claimed, its start claims the slot
+        (raises :class:`SlotTaken` if another replica has it; nothing is planned or sent)."""
         spec = target.spec
         tenant = tenant or spec.default_tenant
         tenant_name = None if tenant is None else tenant.name
@@ -387,18 +435,8 @@ class ProbeRunner:
         )
         marker = placements[0].marker if placements else markers.new_marker()
         started = self.clock()
-        plan: PlannedPrompt | None = None
-        failure: Judgement | None = None
-        try:
-            plan = await self._plan(target, kind, marker, placements, size=size)
-        except EngineAuthError as exc:
-            failure = Judgement(Verdict.AUTH_ERROR, f"cannot plan the canary: {exc}")
-        except (PlanningError, SizingError, WindowUnknown) as exc:
-            failure = Judgement(Verdict.ERROR, f"cannot plan the canary: {exc}")
-        except Exception as exc:  # tokenize endpoint down, garbage from it...
-            reason = f"cannot plan the canary: {type(exc).__name__}: {_short(str(exc))}"
-            failure = Judgement(Verdict.ERROR, reason)
-
+        # Written before planning: planning may call the engine (tokenize), and the row must
+        # exist before anything goes out. What planning settles is stored with the result.
         new = self._new_probe(
             target,
             kind,
@@ -406,21 +444,39 @@ class ProbeRunner:
             confirms=confirms,
             slot=slot,
             max_tokens=spec.max_tokens,
-            token_source=plan.token_source if plan else target.counter.source,
+            token_source=target.counter.source,
             marker=marker,
             streamed=spec.stream,
-            plan=plan,
             tenant=tenant,
             trigger=trigger,
             placements=placements,
         )
-        probe_id = await self.results.begin(new)
+        probe_id = await self._begin(new, claim)
+        plan: PlannedPrompt | None = None
         try:
+            failure: Judgement | None = None
+            try:
+                plan = await self._plan(target, kind, marker, placements, size=size)
+            except EngineAuthError as exc:
+                failure = Judgement(Verdict.AUTH_ERROR, f"cannot plan the canary: {exc}")
+            except (PlanningError, SizingError, WindowUnknown) as exc:
+                failure = Judgement(Verdict.ERROR, f"cannot plan the canary: {exc}")
+            except Exception as exc:  # tokenize endpoint down, garbage from it...
+                reason = f"cannot plan the canary: {type(exc).__name__}: {_short(str(exc))}"
+                failure = Judgement(Verdict.ERROR, reason)
             if plan is None:
                 assert failure is not None
                 exchange = Exchange(error_detail=failure.reason)
                 judgement = failure
             else:
+                new = dataclasses.replace(
+                    new,
+                    planned_prompt_tokens=plan.planned_tokens,
+                    target_prompt_tokens=plan.target_tokens,
+                    token_source=plan.token_source,
+                    tokenize_calls=plan.tokenize_calls,
+                    marker_depth=plan.marker_depth,
+                )
                 exchange = await target.engine_for(tenant).chat(
                     plan.messages,
                     max_tokens=plan.max_tokens,
@@ -464,8 +520,16 @@ class ProbeRunner:
             self.metrics.interrupted.inc()
             raise
         return await self._finish(
-            target, kind, new, probe_id, plan, exchange, judgement, scheduled=scheduled
+            target, kind, new, probe_id, plan, exchange, judgement, scheduled=scheduled, claim=claim
         )
+
+    async def _begin(self, new: NewProbe, claim: SlotClaim | None) -> int | None:
+        """Record a probe's start, claiming its slot in the same transaction if not yet."""
+        if claim is None or claim.claimed:
+            return await self.results.begin(new)
+        probe_id = await self.results.begin(new, claim_ttl=claim.ttl)
+        claim.claimed = True  # or the database is down: then the slot runs here anyway
+        return probe_id
 
     def _new_probe(
         self,
@@ -614,6 +678,7 @@ class ProbeRunner:
         judgement: Judgement,
         *,
         scheduled: datetime | None = None,
+        claim: SlotClaim | None = None,
     ) -> ProbeReport:
         spec = target.spec
         confirms = new.confirms_probe_id
@@ -659,12 +724,27 @@ class ProbeRunner:
             ttfb_seconds=ex.ttfb_seconds,
             duration_seconds=ex.total_seconds,
             depths=tuple(judgement.depths),
+            planned_prompt_tokens=new.planned_prompt_tokens,
+            target_prompt_tokens=new.target_prompt_tokens,
+            tokenize_calls=new.tokenize_calls,
+            marker_depth=new.marker_depth,
+            token_source=new.token_source,
+        )
+        # The slot's last result marks it done in its own transaction (or, buffered during
+        # an outage, when it is written).
+        completes = (
+            claim is not None
+            and claim.claimed
+            and not claim.completed
+            and self._last_of_slot(target, kind, judgement.verdict, confirming=confirms is not None)
         )
         t0 = time.perf_counter()
         stored_id = await self.results.finish(
-            PendingResult(probe_id, new, outcome, tuple(alert_states))
+            PendingResult(probe_id, new, outcome, tuple(alert_states), completes_slot=completes)
         )
         write_seconds = time.perf_counter() - t0
+        if claim is not None and completes:
+            claim.completed = True
         if stored_id is not None and report.probe_id is None:
             report = dataclasses.replace(report, probe_id=stored_id)
         # Adopted even while the write is buffered, so paging goes on during a database
@@ -732,6 +812,11 @@ class ProbeRunner:
 
 class WindowUnknown(Exception):
     pass
+
+
+def _goes_to_edge(kind: ProbeKind, verdict: Verdict) -> bool:
+    """A capacity mismatch goes on to the edge probe (``run_checked``)."""
+    return kind is ProbeKind.CAPACITY and verdict is Verdict.CAPACITY_MISMATCH
 
 
 def _bounded(text: str | None, limit: int) -> str | None:

@@ -31,6 +31,13 @@ class PendingResult:
     new: NewProbe
     outcome: ProbeOutcome
     alert_states: Sequence[AlertStateRecord] = field(default_factory=tuple)
+    # The last result of its slot: the slot is marked done in the same transaction, so a
+    # buffered result completes its slot when it is written, not before.
+    completes_slot: bool = False
+
+
+class SlotTaken(Exception):
+    """Another replica holds the slot: this one must not run it."""
 
 
 class ResultBuffer:
@@ -61,13 +68,29 @@ class ResultBuffer:
     def __len__(self) -> int:
         return len(self._queue)
 
-    async def begin(self, new: NewProbe) -> int | None:
-        """Record a probe's start; None when the database is unreachable (it runs anyway)."""
+    async def begin(self, new: NewProbe, *, claim_ttl: float | None = None) -> int | None:
+        """Record a probe's start; None when the database is unreachable (it runs anyway).
+
+        With ``claim_ttl``, first claim the probe's slot in the same transaction, and raise
+        :class:`SlotTaken` if another replica has it. Without the database no replica can
+        coordinate: a slot run twice is better than a slot nobody runs while it is down.
+        """
         try:
-            return await asyncio.to_thread(self._store.begin_probe, new)
+            if claim_ttl is None:
+                return await asyncio.to_thread(self._store.begin_probe, new)
+            probe_id = await asyncio.to_thread(self._store.claim_and_begin, new, claim_ttl)
         except StoreUnavailable as exc:
-            log.warning("database_unavailable", during="begin_probe", error=str(exc))
+            log.warning(
+                "database_unavailable",
+                during="begin_probe" if claim_ttl is None else "claim_and_begin",
+                endpoint=new.endpoint,
+                kind=new.kind,
+                error=str(exc),
+            )
             return None
+        if probe_id is None:
+            raise SlotTaken(f"{new.endpoint} {new.kind} slot {new.slot}")
+        return probe_id
 
     async def finish(self, pending: PendingResult) -> int | None:
         """Store a result now if the database answers and nothing is queued, else queue it."""
@@ -82,10 +105,18 @@ class ResultBuffer:
     async def _write(self, pending: PendingResult) -> int:
         if pending.probe_id is None:
             return await asyncio.to_thread(
-                self._store.record_probe, pending.new, pending.outcome, pending.alert_states
+                self._store.record_probe,
+                pending.new,
+                pending.outcome,
+                pending.alert_states,
+                complete_slot=pending.completes_slot,
             )
         await asyncio.to_thread(
-            self._store.finish_probe, pending.probe_id, pending.outcome, pending.alert_states
+            self._store.finish_probe,
+            pending.probe_id,
+            pending.outcome,
+            pending.alert_states,
+            complete_slot=pending.completes_slot,
         )
         return pending.probe_id
 

@@ -63,6 +63,15 @@ class ProbeOutcome:
     # Per depth, when the prompt carried one marker per depth and an answer came back.
     depths: Sequence[DepthResult] = ()
 
+    # What planning settled. A scheduled probe's row is begun before it is planned (its slot
+    # claim and its start are one transaction, and a replica that loses the claim must not
+    # plan); these complete the row when it finishes. None keeps the value it was begun with.
+    planned_prompt_tokens: int | None = None
+    target_prompt_tokens: int | None = None
+    tokenize_calls: int | None = None
+    marker_depth: float | None = None
+    token_source: str | None = None
+
 
 @dataclass(frozen=True, slots=True)
 class DepthEvidence:

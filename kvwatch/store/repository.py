@@ -11,12 +11,27 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Engine, delete, func, or_, select, text, update
+from sqlalchemy import (
+    JSON,
+    ColumnElement,
+    Engine,
+    Table,
+    bindparam,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.types import TypeEngine
 
 from kvwatch.canary.markers import canonical, spelled
 from kvwatch.canary.model import ForeignMarker, ProbeState
@@ -35,6 +50,7 @@ from kvwatch.store.records import (
     foreign_marker_from_json,
     foreign_marker_to_json,
 )
+from kvwatch.store.statements import compiled_once
 
 _ALERT_KEY = ("alertname", "endpoint", "probe", "region")
 
@@ -136,52 +152,71 @@ class Store:
     def begin_probe(self, p: NewProbe) -> int:
         """Record a probe as running, with its issued marker, before its request goes out."""
         with self._errors("could not record the start of a probe"), self._write() as s:
-            return _add_probe(
-                s, p, state=ProbeState.RUNNING, foreign_markers=[], region=self._region
-            )
+            return _add_probe(s, p, state=ProbeState.RUNNING, region=self._region)
+
+    def claim_and_begin(self, p: NewProbe, ttl: float) -> int | None:
+        """Claim ``p``'s slot for ``p.replica`` (as :meth:`claim_slot`) and record ``p`` as
+        running, in one transaction; None, with nothing written, if another replica has it.
+
+        One transaction instead of two per scheduled probe: the claim still decides between
+        racing replicas (the loser writes no row), and the row still exists before anything
+        is sent, so a SIGKILL leaves it to be marked interrupted.
+        """
+        if p.slot is None:
+            raise ValueError("claim_and_begin needs a probe with a slot")
+        with self._errors("could not claim a probe slot"), self._write() as s:
+            if not self._claim(s, p.endpoint, str(p.kind), p.slot, p.replica, ttl):
+                return None
+            return _add_probe(s, p, state=ProbeState.RUNNING, region=self._region)
 
     def finish_probe(
         self,
         probe_id: int,
         r: ProbeOutcome,
         alert_states: Sequence[AlertStateRecord] = (),
+        *,
+        complete_slot: bool = False,
     ) -> None:
-        """Store a probe's verdict and evidence, and the alert states it caused, atomically.
+        """Store a probe's verdict and evidence, and the alert states it caused, atomically;
+        with ``complete_slot``, mark the probe's slot done (as :meth:`complete_slot`) in the
+        same transaction.
 
         Only a running probe can be finished: a row that was interrupted (its replica was
         presumed dead) or already finished raises :class:`StoreError` and nothing is written.
         """
-        values: dict[str, Any] = {"state": ProbeState.DONE.value, **_outcome_values(r)}
         with self._errors(f"could not finish probe {probe_id}"), self._write() as s:
-            # The state guard sits in the UPDATE itself so two writers cannot both win.
-            result = s.execute(
-                update(Probe)
-                .where(Probe.id == probe_id, Probe.state == ProbeState.RUNNING.value)
-                .values(values)
-                .execution_options(synchronize_session=False)
-            )
-            if result.rowcount != 1:  # type: ignore[attr-defined]
+            # The state guard sits in the UPDATE itself so two writers cannot both win; what
+            # the rollup and the slot need comes back from it (no second read of the row).
+            row = s.execute(_FINISH, {"_id": probe_id, **_outcome_params(r)}).first()
+            if row is None:
                 state = s.scalar(select(Probe.state).where(Probe.id == probe_id))
                 if state is None:
                     raise StoreError(f"cannot finish probe {probe_id}: no such probe")
                 raise StoreError(f"cannot finish probe {probe_id}: it is {state}, not running")
-            rollups.bump(s, probe_id)
+            rollups.add(s, row)
             self._upsert_alert_states(s, alert_states)
+            if complete_slot and row.slot is not None:
+                self._complete(s, row.endpoint, row.kind, row.slot, probe_id)
 
     def record_probe(
         self,
         p: NewProbe,
         r: ProbeOutcome,
         alert_states: Sequence[AlertStateRecord] = (),
+        *,
+        complete_slot: bool = False,
     ) -> int:
         """Write a whole probe at once, when its start could not be recorded (the database
-        was unreachable): the done row, its marker and the alert states in one transaction."""
+        was unreachable): the done row, its marker and the alert states in one transaction,
+        and with ``complete_slot`` the completion of its slot."""
         with self._errors("could not record a probe"), self._write() as s:
             probe_id = _add_probe(
                 s, p, state=ProbeState.DONE, region=self._region, **_outcome_values(r)
             )
             rollups.bump(s, probe_id)
             self._upsert_alert_states(s, alert_states)
+            if complete_slot and p.slot is not None:
+                self._complete(s, p.endpoint, str(p.kind), p.slot, probe_id)
             return probe_id
 
     def interrupt_running(
@@ -218,54 +253,61 @@ class Store:
         replica died mid-probe) is taken over, and the dead replica's probe row for the slot
         is marked interrupted in the same transaction.
         """
+        with self._errors("could not claim a probe slot"), self._write() as s:
+            return self._claim(s, endpoint, kind, slot, replica, ttl)
+
+    def _claim(
+        self, s: Session, endpoint: str, kind: str, slot: int, replica: str, ttl: float
+    ) -> bool:
         now = self._now()
         expires = now + timedelta(seconds=ttl)
         key = (*self._slot_key(endpoint, kind), ProbeSlot.slot == slot)
-        with self._errors("could not claim a probe slot"), self._write() as s:
-            insert = self._insert(s, ProbeSlot).values(
-                endpoint=endpoint,
-                kind=kind,
-                slot=slot,
-                region=self._region_key,
+        inserted = s.execute(
+            _CLAIM[s.get_bind().dialect.name],
+            {
+                "endpoint": endpoint,
+                "kind": kind,
+                "slot": slot,
+                "region": self._region_key,
+                "replica": replica,
+                "claimed_at": now,
+                "expires_at": expires,
+                "attempts": 1,
+                "done": False,
+            },
+        )
+        if inserted.first() is not None:
+            return True
+        taken = s.execute(
+            update(ProbeSlot)
+            .where(*key, ProbeSlot.done.is_(False), ProbeSlot.expires_at < now)
+            .values(
                 replica=replica,
                 claimed_at=now,
                 expires_at=expires,
-                attempts=1,
-                done=False,
+                attempts=ProbeSlot.attempts + 1,
             )
-            inserted = s.execute(insert.on_conflict_do_nothing().returning(ProbeSlot.slot))
-            if inserted.first() is not None:
-                return True
-            taken = s.execute(
-                update(ProbeSlot)
-                .where(*key, ProbeSlot.done.is_(False), ProbeSlot.expires_at < now)
-                .values(
-                    replica=replica,
-                    claimed_at=now,
-                    expires_at=expires,
-                    attempts=ProbeSlot.attempts + 1,
-                )
-                .execution_options(synchronize_session=False)
+            .execution_options(synchronize_session=False)
+        )
+        if taken.rowcount != 1:  # type: ignore[attr-defined]
+            return False
+        s.execute(
+            update(Probe)
+            .where(
+                Probe.endpoint == endpoint,
+                Probe.kind == kind,
+                Probe.slot == slot,
+                Probe.state == ProbeState.RUNNING.value,
+                self._own_probes(),
             )
-            if taken.rowcount != 1:  # type: ignore[attr-defined]
-                return False
-            s.execute(
-                update(Probe)
-                .where(
-                    Probe.endpoint == endpoint,
-                    Probe.kind == kind,
-                    Probe.slot == slot,
-                    Probe.state == ProbeState.RUNNING.value,
-                    self._own_probes(),
-                )
-                .values(
-                    state=ProbeState.INTERRUPTED.value,
-                    reason="its replica stopped answering; the slot was taken over",
-                    finished_at=now,
-                )
-                .execution_options(synchronize_session=False)
+            .values(
+                state=ProbeState.INTERRUPTED.value,
+                reason="its replica stopped answering; the slot was taken over",
+                finished_at=now,
             )
-            return True
+            .execution_options(synchronize_session=False)
+        )
+        return True
 
     def expire_claims(self, replica: str) -> int:
         """Expire the undone claims a previous run of ``replica`` left (it was killed), so the
@@ -287,12 +329,21 @@ class Store:
 
     def complete_slot(self, endpoint: str, kind: str, slot: int, probe_id: int | None) -> None:
         with self._errors("could not complete a probe slot"), self._write() as s:
-            s.execute(
-                update(ProbeSlot)
-                .where(*self._slot_key(endpoint, kind), ProbeSlot.slot == slot)
-                .values(done=True, probe_id=probe_id)
-                .execution_options(synchronize_session=False)
-            )
+            self._complete(s, endpoint, kind, slot, probe_id)
+
+    def _complete(
+        self, s: Session, endpoint: str, kind: str, slot: int, probe_id: int | None
+    ) -> None:
+        s.execute(
+            _COMPLETE,
+            {
+                "_endpoint": endpoint,
+                "_kind": kind,
+                "_region": self._region_key,
+                "_slot": slot,
+                "v_probe_id": probe_id,
+            },
+        )
 
     def expired_slots(self, since_slot: int) -> list[tuple[str, str, int]]:
         """This region's slots from ``since_slot`` on whose claim expired before they ran."""
@@ -626,45 +677,51 @@ def _served_window(row: ServedWindow) -> ServedWindowRecord:
 
 def _add_probe(session: Session, p: NewProbe, *, state: ProbeState, **values: Any) -> int:
     """Insert a probe row (and its issued marker, if it has one); returns its id."""
-    row = Probe(
-        endpoint=p.endpoint,
-        endpoint_id=p.endpoint_id,
-        kind=str(p.kind),
-        state=state.value,
-        started_at=p.started_at,
-        replica=p.replica,
-        model=p.model,
-        planned_prompt_tokens=p.planned_prompt_tokens,
-        target_prompt_tokens=p.target_prompt_tokens,
-        max_tokens=p.max_tokens,
-        token_source=p.token_source,
-        tokenize_calls=p.tokenize_calls,
-        marker=p.marker,
-        marker_depth=p.marker_depth,
-        streamed=p.streamed,
-        confirms_probe_id=p.confirms_probe_id,
-        slot=p.slot,
-        tenant=p.tenant,
-        trigger_probe_id=p.trigger_probe_id,
+    row: dict[str, Any] = {
+        "endpoint": p.endpoint,
+        "endpoint_id": p.endpoint_id,
+        "kind": str(p.kind),
+        "state": state.value,
+        "started_at": p.started_at,
+        "replica": p.replica,
+        "model": p.model,
+        "planned_prompt_tokens": p.planned_prompt_tokens,
+        "target_prompt_tokens": p.target_prompt_tokens,
+        "max_tokens": p.max_tokens,
+        "token_source": p.token_source,
+        "tokenize_calls": p.tokenize_calls,
+        "marker": p.marker,
+        "marker_depth": p.marker_depth,
+        "streamed": p.streamed,
+        "confirms_probe_id": p.confirms_probe_id,
+        "slot": p.slot,
+        "tenant": p.tenant,
+        "trigger_probe_id": p.trigger_probe_id,
+        "foreign_markers": [],
         # The planned markers, unless the outcome (a whole probe at once) brings judged ones.
-        **{"depth_outcomes": depths_to_json(p.placements) if p.placements else None, **values},
-    )
-    session.add(row)
-    session.flush()
+        "depth_outcomes": depths_to_json(p.placements) if p.placements else None,
+    }
+    # An outcome's planned values (when given) win over those the probe was begun with.
+    row.update((k, v) for k, v in values.items() if v is not None or k not in _PLANNED)
+    probe_id = int(session.execute(_INSERT_PROBE, row).scalar_one())
     # A capacity check sends no prompt and issues no marker; a several-depth probe issues
     # one per depth, each traced back to it if it ever turns up in another answer.
     issued = [pl.marker for pl in p.placements] or ([p.marker] if p.marker else [])
-    session.add_all(
-        Marker(
-            marker=canonical(m),
-            probe_id=row.id,
-            endpoint=p.endpoint,
-            issued_at=p.started_at,
-            tenant=p.tenant,
+    if issued:
+        session.execute(
+            _INSERT_MARKER,
+            [
+                {
+                    "marker": canonical(m),
+                    "probe_id": probe_id,
+                    "endpoint": p.endpoint,
+                    "issued_at": p.started_at,
+                    "tenant": p.tenant,
+                }
+                for m in issued
+            ],
         )
-        for m in issued
-    )
-    return row.id
+    return probe_id
 
 
 def _outcome_values(r: ProbeOutcome) -> dict[str, Any]:
@@ -683,9 +740,109 @@ def _outcome_values(r: ProbeOutcome) -> dict[str, Any]:
         "error_detail": r.error_detail,
         "ttfb_seconds": r.ttfb_seconds,
         "duration_seconds": r.duration_seconds,
+        "planned_prompt_tokens": r.planned_prompt_tokens,
+        "target_prompt_tokens": r.target_prompt_tokens,
+        "tokenize_calls": r.tokenize_calls,
+        "marker_depth": r.marker_depth,
+        "token_source": r.token_source,
         # Without an answer the planned markers (written at the start) stay as they are.
-        **({"depth_outcomes": depths_to_json(r.depths)} if r.depths else {}),
+        "depth_outcomes": depths_to_json(r.depths) if r.depths else None,
     }
+
+
+def _outcome_params(r: ProbeOutcome) -> dict[str, Any]:
+    """The parameters of ``_FINISH``."""
+    return {f"v_{k}": v for k, v in _outcome_values(r).items()}
+
+
+# The statements of every probe, built once: building and hashing a statement per probe was
+# a measurable share of the daemon's CPU at fleet scale. Parameters come at execution.
+_PROBES = cast(Table, Probe.__table__)
+_SLOTS = cast(Table, ProbeSlot.__table__)
+# Planning's values: NULL in an outcome keeps what the probe was begun with.
+_PLANNED = (
+    "planned_prompt_tokens",
+    "target_prompt_tokens",
+    "tokenize_calls",
+    "marker_depth",
+    "token_source",
+    "depth_outcomes",
+)
+# The columns a finish writes (``_outcome_values``).
+_OUTCOME_COLUMNS = (
+    "verdict",
+    "reason",
+    "finished_at",
+    "reported_prompt_tokens",
+    "completion_tokens",
+    "marker_found",
+    "foreign_markers",
+    "http_status",
+    "finish_reason",
+    "answer_excerpt",
+    "error_body",
+    "error_detail",
+    "ttfb_seconds",
+    "duration_seconds",
+    *_PLANNED,
+)
+
+
+def _nullable(name: str) -> TypeEngine[Any]:
+    """The column's type, but a JSON None binds as SQL NULL (not JSON ``null``), so that
+    COALESCE keeps the value the probe was begun with."""
+    if name == "depth_outcomes":
+        return JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+    return _PROBES.c[name].type
+
+
+_INSERT_PROBE = insert(_PROBES).returning(_PROBES.c.id)
+_INSERT_MARKER = insert(Marker)
+_FINISH = (
+    update(_PROBES)
+    .where(_PROBES.c.id == bindparam("_id"), _PROBES.c.state == ProbeState.RUNNING.value)
+    .values(
+        {
+            "state": ProbeState.DONE.value,
+            **{
+                name: (
+                    func.coalesce(bindparam(f"v_{name}", type_=_nullable(name)), _PROBES.c[name])
+                    if name in _PLANNED
+                    else bindparam(f"v_{name}", type_=_PROBES.c[name].type)
+                )
+                for name in _OUTCOME_COLUMNS
+            },
+        }
+    )
+    .returning(*(_PROBES.c[name] for name in ("id", "slot", *rollups.FROM_PROBE)))
+)
+_CLAIM_KEYS = (
+    "endpoint",
+    "kind",
+    "slot",
+    "region",
+    "replica",
+    "claimed_at",
+    "expires_at",
+    "attempts",
+    "done",
+)
+_CLAIM = {
+    dialect: compiled_once(
+        insert_for(_SLOTS).on_conflict_do_nothing().returning(_SLOTS.c.slot), dialect, _CLAIM_KEYS
+    )
+    for dialect, insert_for in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
+}
+_COMPLETE = (
+    update(_SLOTS)
+    .where(
+        _SLOTS.c.endpoint == bindparam("_endpoint"),
+        _SLOTS.c.kind == bindparam("_kind"),
+        _SLOTS.c.region == bindparam("_region"),
+        _SLOTS.c.slot == bindparam("_slot"),
+    )
+    .values(done=True, probe_id=bindparam("v_probe_id", type_=_SLOTS.c.probe_id.type))
+)
 
 
 def _alert_values(r: AlertStateRecord) -> dict[str, Any]:

@@ -12,6 +12,7 @@ subtracts.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -35,6 +36,7 @@ from sqlalchemy.orm import Session
 
 from kvwatch.canary.model import ProbeKind, ProbeState
 from kvwatch.store.models import Probe, ProbeRollup
+from kvwatch.store.statements import compiled_once
 
 HOUR = 3600
 _KEY = ("endpoint", "hour", "verdict")
@@ -88,21 +90,34 @@ def aggregates(dialect: str) -> list[ColumnElement[Any]]:
     ]
 
 
+# The probe columns a rollup is made of (what ``add`` reads from a finished probe's row).
+FROM_PROBE = (
+    "endpoint",
+    "started_at",
+    "verdict",
+    "kind",
+    "duration_seconds",
+    "planned_prompt_tokens",
+    "reported_prompt_tokens",
+    "completion_tokens",
+)
+
+
 def bump(session: Session, probe_id: int) -> None:
     """Add the finished probe ``probe_id`` to its hour (call in the finishing transaction)."""
     row = session.execute(
-        select(
-            Probe.endpoint,
-            Probe.started_at,
-            Probe.verdict,
-            Probe.kind,
-            Probe.duration_seconds,
-            Probe.planned_prompt_tokens,
-            Probe.reported_prompt_tokens,
-            Probe.completion_tokens,
-        ).where(Probe.id == probe_id, Probe.state == ProbeState.DONE.value)
+        select(*(Probe.__table__.c[name] for name in FROM_PROBE)).where(
+            Probe.id == probe_id, Probe.state == ProbeState.DONE.value
+        )
     ).first()
-    if row is None or row.verdict is None:
+    if row is not None:
+        add(session, row)
+
+
+def add(session: Session, row: Any) -> None:
+    """Add a finished probe to its hour, given its ``FROM_PROBE`` columns (attributes of
+    ``row``), e.g. as the finishing UPDATE returned them: no second read of the row."""
+    if row.verdict is None:
         return
     under = row.kind == ProbeKind.UNDER.value
     _merge(
@@ -222,7 +237,13 @@ def read(
 def _merge(session: Session, rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
-    dialect = session.get_bind().dialect.name
+    session.execute(_merge_statement(session.get_bind().dialect.name), rows)
+
+
+@functools.cache
+def _merge_statement(dialect: str) -> Any:
+    """The upsert that adds rows to ``probe_rollups``, compiled once per dialect: it runs
+    for every finished probe (see :mod:`kvwatch.store.statements`)."""
     stmt: Any = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(ProbeRollup)
     t = ProbeRollup.__table__.c
     new = stmt.excluded
@@ -235,7 +256,8 @@ def _merge(session: Session, rows: list[dict[str, Any]]) -> None:
         (new.durations == "", t.durations),
         else_=t.durations + " " + new.durations,
     )
-    session.execute(stmt.on_conflict_do_update(index_elements=list(_KEY), set_=changes), rows)
+    upsert = stmt.on_conflict_do_update(index_elements=list(_KEY), set_=changes)
+    return compiled_once(upsert, dialect, [c.name for c in ProbeRollup.__table__.columns])
 
 
 def _greater(old: Any, new: Any) -> ColumnElement[Any]:
@@ -248,7 +270,9 @@ def _lesser(old: Any, new: Any) -> ColumnElement[Any]:
 
 
 __all__ = [
+    "FROM_PROBE",
     "HOUR",
+    "add",
     "aggregates",
     "bump",
     "duration_text",

@@ -93,3 +93,46 @@ def test_a_restarted_replica_frees_the_claims_it_was_killed_holding(db_url):
     clock.now += timedelta(seconds=1)
     assert store.claim_slot("ep", "under", 1000, "a", ttl=600)
     assert not store.claim_slot("ep", "over", 1000, "a", ttl=600)
+
+
+def running_probe(eid: int, replica: str, marker: str, at: datetime) -> NewProbe:
+    return NewProbe(
+        endpoint="ep",
+        endpoint_id=eid,
+        kind="under",
+        started_at=at,
+        replica=replica,
+        model="m",
+        planned_prompt_tokens=0,
+        target_prompt_tokens=0,
+        max_tokens=1,
+        token_source="server",
+        tokenize_calls=0,
+        marker=marker,
+        marker_depth=0.0,
+        streamed=True,
+        slot=1000,
+    )
+
+
+def test_claim_and_begin_writes_the_row_only_for_the_replica_that_wins(db_url):
+    """One transaction claims and begins: the winner's row runs, the loser writes nothing,
+    and after expiry a takeover interrupts the dead replica's row and begins its own."""
+    clock = Clock()
+    store = clocked_store(db_url, clock)
+    eid = store.upsert_endpoint("ep", "http://h/v1", "openai", "m", 4096, None, {})
+    dead = store.claim_and_begin(running_probe(eid, "a", "KVW-AAAA-BBBB-CCCC", clock.now), 60)
+    assert dead is not None
+    lost = store.claim_and_begin(running_probe(eid, "b", "KVW-DDDD-EEEE-FFFF", clock.now), 60)
+    assert lost is None
+    assert [p.id for p in store.list_probes(endpoint="ep")] == [dead]
+    issued = store.lookup_markers(["KVW-AAAA-BBBB-CCCC", "KVW-DDDD-EEEE-FFFF"])
+    assert [m.probe_id for m in issued.values()] == [dead]  # the loser's marker was not kept
+
+    clock.now += timedelta(seconds=61)
+    taken = store.claim_and_begin(running_probe(eid, "b", "KVW-DDDD-EEEE-FFFF", clock.now), 60)
+    assert taken is not None and taken != dead
+    dead_row, new_row = store.get_probe(dead), store.get_probe(taken)
+    assert dead_row is not None and dead_row.state is ProbeState.INTERRUPTED
+    assert new_row is not None and new_row.state is ProbeState.RUNNING and new_row.replica == "b"
+    assert store.expired_slots(0) == []
