@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import Connection, MetaData, insert
 
 from kvwatch.canary.markers import new_marker
 from kvwatch.store import NewProbe, ProbeOutcome, Store
@@ -83,3 +84,43 @@ def t0() -> datetime:
 def make_outcome() -> Callable[..., ProbeOutcome]:
     """The `outcome` builder, as a fixture so test modules need no imports from here."""
     return outcome
+
+
+def insert_old_rows(
+    connection: Connection, tables: MetaData, *probes: dict[str, Any], at: datetime = T0
+) -> None:
+    """Write endpoint "ep" (id 1) and probes of it, started ``at``, straight into an older
+    schema as a migration test's history; each dict overrides columns every schema has."""
+    connection.execute(
+        insert(tables.tables["endpoints"]).values(
+            id=1,
+            name="ep",
+            url="http://h/v1",
+            flavour="openai",
+            model="m",
+            labels={},
+            created_at=at,
+            updated_at=at,
+        )
+    )
+    for probe in probes:
+        row = {
+            "endpoint": "ep",
+            "endpoint_id": 1,
+            "kind": "under",
+            "state": "done",
+            "verdict": "pass",
+            "started_at": at,
+            "replica": "kvwatch-0",
+            "model": "m",
+            "planned_prompt_tokens": 1,
+            "target_prompt_tokens": 1,
+            "max_tokens": 1,
+            "token_source": "server",
+            "tokenize_calls": 1,
+            "marker": "KVW-AAAA-BBBB-CCCC",
+            "marker_depth": 0.0,
+            "foreign_markers": [],
+            "streamed": True,
+        }
+        connection.execute(insert(tables.tables["probes"]).values(**(row | probe)))

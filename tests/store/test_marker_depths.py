@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import MetaData, insert, inspect, select
+from sqlalchemy import MetaData, inspect, select
 
 from kvwatch.canary.markers import canonical, new_marker
 from kvwatch.canary.model import DepthOutcome, DepthResult, Placement
@@ -10,7 +10,7 @@ from kvwatch.store import Store, create_engine_for
 from kvwatch.store.migrate import downgrade_engine, upgrade_engine
 from kvwatch.store.models import Marker
 from kvwatch.store.records import DepthEvidence
-from tests.store.conftest import T0, NewProbeFactory, outcome
+from tests.store.conftest import NewProbeFactory, insert_old_rows, outcome
 
 
 def _placements() -> tuple[Placement, ...]:
@@ -89,40 +89,7 @@ def test_migration_0008_adds_depth_outcomes_to_old_rows_as_null_and_drops_it_bac
         tables = MetaData()
         tables.reflect(engine)
         with engine.begin() as c:
-            c.execute(
-                insert(tables.tables["endpoints"]).values(
-                    id=1,
-                    name="ep",
-                    url="http://h/v1",
-                    flavour="openai",
-                    model="m",
-                    labels={},
-                    created_at=T0,
-                    updated_at=T0,
-                )
-            )
-            c.execute(
-                insert(tables.tables["probes"]).values(
-                    id=7,
-                    endpoint="ep",
-                    endpoint_id=1,
-                    kind="under",
-                    state="done",
-                    verdict="pass",
-                    started_at=T0,
-                    replica="kvwatch-0",
-                    model="m",
-                    planned_prompt_tokens=1,
-                    target_prompt_tokens=1,
-                    max_tokens=1,
-                    token_source="server",
-                    tokenize_calls=1,
-                    marker="KVW-AAAA-BBBB-CCCC",
-                    marker_depth=0.0,
-                    foreign_markers=[],
-                    streamed=True,
-                )
-            )
+            insert_old_rows(c, tables, {"id": 7})
         upgrade_engine(engine, "0008")
         row = Store(engine).get_probe(7)
         assert row is not None and row.depths == () and row.verdict == "pass"

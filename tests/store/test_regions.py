@@ -14,6 +14,7 @@ from kvwatch.store import AlertStateRecord, NewProbe, ProbeOutcome, Store
 from kvwatch.store.engine import create_engine_for
 from kvwatch.store.migrate import downgrade_engine, upgrade_engine
 from kvwatch.store.queries import HistoryQueries, ProbeFilter
+from tests.store.conftest import insert_old_rows
 
 NewProbeFactory = Callable[..., NewProbe]
 OutcomeFactory = Callable[..., ProbeOutcome]
@@ -193,41 +194,7 @@ def test_upgrading_from_0004_keeps_every_row_and_keys_them_on_region(db_url: str
         tables = MetaData()
         tables.reflect(engine)
         with engine.begin() as c:
-            c.execute(
-                insert(tables.tables["endpoints"]).values(
-                    id=1,
-                    name="ep",
-                    url="http://h/v1",
-                    flavour="openai",
-                    model="m",
-                    labels={},
-                    created_at=T0,
-                    updated_at=T0,
-                )
-            )
-            c.execute(
-                insert(tables.tables["probes"]).values(
-                    id=7,
-                    endpoint="ep",
-                    endpoint_id=1,
-                    kind="under",
-                    state="done",
-                    verdict="pass",
-                    started_at=T0,
-                    replica="kvwatch-0",
-                    model="m",
-                    planned_prompt_tokens=1,
-                    target_prompt_tokens=1,
-                    max_tokens=1,
-                    token_source="server",
-                    tokenize_calls=1,
-                    marker="KVW-AAAA-BBBB-CCCC",
-                    marker_depth=0.0,
-                    foreign_markers=[],
-                    streamed=True,
-                    slot=1000,
-                )
-            )
+            insert_old_rows(c, tables, {"id": 7, "slot": 1000}, at=T0)
             c.execute(
                 insert(tables.tables["probe_slots"]).values(
                     endpoint="ep",

@@ -13,6 +13,7 @@ from kvwatch.store import NewProbe, ProbeOutcome, Store
 from kvwatch.store.engine import create_engine_for
 from kvwatch.store.migrate import upgrade_engine
 from kvwatch.store.records import ServedWindowRecord
+from tests.store.conftest import insert_old_rows
 
 NewProbeFactory = Callable[..., NewProbe]
 T0 = datetime(2026, 12, 3, 5, 0, tzinfo=UTC)
@@ -84,44 +85,18 @@ def test_upgrading_to_0007_keeps_markers_and_links_to_probes(db_url: str) -> Non
         upgrade_engine(engine, "0005")
         tables = MetaData()
         tables.reflect(engine)
-        probe = {
-            "endpoint": "ep",
-            "endpoint_id": 1,
-            "kind": "under",
-            "state": "done",
-            "verdict": "truncated",
-            "started_at": T0,
-            "replica": "kvwatch-0",
-            "model": "m",
-            "planned_prompt_tokens": 1,
-            "target_prompt_tokens": 1,
-            "max_tokens": 1,
-            "token_source": "server",
-            "tokenize_calls": 1,
-            "marker_depth": 0.0,
-            "foreign_markers": [],
-            "streamed": True,
-        }
         with engine.begin() as c:
-            c.execute(
-                insert(tables.tables["endpoints"]).values(
-                    id=1,
-                    name="ep",
-                    url="http://h/v1",
-                    flavour="openai",
-                    model="m",
-                    labels={},
-                    created_at=T0,
-                    updated_at=T0,
-                )
-            )
-            c.execute(
-                insert(tables.tables["probes"]).values(id=7, marker="KVW-AAAA-BBBB-CCCC", **probe)
-            )
-            c.execute(
-                insert(tables.tables["probes"]).values(
-                    id=8, marker="KVW-AAAA-BBBB-CCCD", confirms_probe_id=7, **probe
-                )
+            insert_old_rows(
+                c,
+                tables,
+                {"id": 7, "verdict": "truncated"},
+                {
+                    "id": 8,
+                    "verdict": "truncated",
+                    "marker": "KVW-AAAA-BBBB-CCCD",
+                    "confirms_probe_id": 7,
+                },
+                at=T0,
             )
             for probe_id, marker in ((7, "KVW-AAAA-BBBB-CCCC"), (8, "KVW-AAAA-BBBB-CCCD")):
                 c.execute(
