@@ -261,9 +261,10 @@ class ProbeRunner:
         A capacity check that finds the KV pool smaller than the window goes on to the edge
         probe, just over the pool: exactly where the incident happened. With tenants, an
         under or edge probe runs under the slot's tenant (``tenant`` overrides it), and its
-        confirmation under the same one: it re-checks what that tenant was served.
-        With ``claim`` (a scheduled
-        slot), raises :class:`SlotTaken` if another replica runs the slot.
+        confirmation under the same one: it re-checks what that tenant was served. With
+        ``claim`` (a scheduled slot), raises :class:`SlotTaken` if another replica runs it.
+        A confirmed window failure goes on to measure the served window (bisect steps, after
+        the slot is marked done: the search is the endpoint's, not the slot's).
         """
         if kind is not ProbeKind.CAPACITY:
             tenant = target.tenant_of(kind, slot, tenant)
