@@ -17,6 +17,7 @@ import secrets
 from collections.abc import Iterator
 
 import pytest
+import structlog
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import SQLAlchemyError
@@ -104,3 +105,11 @@ def store(db_url: str) -> Iterator[Store]:
 # ===========================================================================================
 # End of database fixtures.
 # ===========================================================================================
+
+
+@pytest.fixture(autouse=True)
+def _structlog_as_new() -> Iterator[None]:
+    """Each test starts from structlog's defaults: a command run in-process (``kvwatch probe``
+    configures warning level) must not hide the next test's info lines from capture_logs."""
+    yield
+    structlog.reset_defaults()
