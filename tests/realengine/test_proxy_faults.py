@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from kvwatch.canary.model import ProbeKind, Verdict
+from kvwatch.runner import ProbeReport, Target
 from kvwatch.simulator.proxy import run_proxy
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.repository import Store
@@ -62,10 +63,23 @@ async def rig(llama_server_url: str, sqlite_store: Store) -> AsyncIterator[Rig]:
             yield r
 
 
+async def recalled_baseline(rig: Rig, target: Target) -> ProbeReport:
+    """A baseline the model recalled: its marker is what the stale cache will serve next.
+
+    Gemma 3 270M misses a short prompt's code now and then (seen once in a full suite run);
+    a second fresh baseline is a new prompt, not a retry of the assertion under test."""
+    baseline = await rig.runner.run(target, ProbeKind.BASELINE)
+    for _ in range(2):
+        if baseline.verdict is Verdict.PASS:
+            break
+        baseline = await rig.runner.run(target, ProbeKind.BASELINE)
+    return baseline
+
+
 async def test_stale_kv_makes_the_real_model_repeat_an_earlier_probes_marker(rig: Rig) -> None:
     """The under prompt is swapped for the baseline's: the model leaks its marker."""
     target = rig.targets["stale_kv"]
-    baseline = await rig.runner.run(target, ProbeKind.BASELINE)
+    baseline = await recalled_baseline(rig, target)
     assert baseline.verdict is Verdict.PASS, baseline.reason
     under = await rig.runner.run(target, ProbeKind.UNDER)
     assert under.verdict is Verdict.FOREIGN_MARKER, under.reason
@@ -81,7 +95,7 @@ async def test_stale_kv_serves_one_tenant_another_tenants_prefix_a_cross_tenant_
     marker to globex, and kvwatch names both tenants."""
     target = rig.targets["stale_kv_tenants"]
     acme, globex = target.spec.tenants
-    baseline = await rig.runner.run(target, ProbeKind.BASELINE)  # the default: acme
+    baseline = await recalled_baseline(rig, target)  # the default tenant: acme
     assert (baseline.verdict, baseline.tenant) == (Verdict.PASS, "acme"), baseline.reason
     under = await rig.runner.run(target, ProbeKind.UNDER, tenant=globex)
     assert under.verdict is Verdict.CROSS_TENANT_LEAK, under.reason
