@@ -192,28 +192,10 @@ class ProbeMetrics:
         self.reported_tokens.labels(endpoint, kind).set(
             float("nan") if reported is None else reported
         )
-        self.observe_tokens(
-            endpoint=endpoint,
-            kind=kind,
-            verdict=verdict,
-            finished_at=finished_at,
-            duration=duration,
-            planned=planned,
-            reported=reported,
-            completion=completion,
-        )
+        self.observe_tokens(endpoint=endpoint, kind=kind, reported=reported, completion=completion)
 
     def observe_tokens(
-        self,
-        *,
-        endpoint: str,
-        kind: str,
-        verdict: Verdict,
-        finished_at: datetime,
-        duration: float | None,
-        planned: int | None,
-        reported: int | None,
-        completion: int | None,
+        self, *, endpoint: str, kind: str, reported: int | None, completion: int | None
     ) -> None:
         """Count only the tokens a probe spent. For bisect probes: their verdicts are search
         steps, and per-probe gauges (last verdict, success) would look like an incident."""

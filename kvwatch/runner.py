@@ -752,17 +752,25 @@ class ProbeRunner:
         # outage (delivery reads the evaluator's states, not the database).
         if self.alert_hook and alert_states:
             self.alert_hook.committed(alert_states)
-        observe = self.metrics.observe_tokens if kind is ProbeKind.BISECT else self.metrics.observe
-        observe(
-            endpoint=spec.name,
-            kind=kind.value,
-            verdict=judgement.verdict,
-            finished_at=finished,
-            duration=ex.total_seconds,
-            planned=report.planned_prompt_tokens,
-            reported=ex.prompt_tokens,
-            completion=ex.completion_tokens,
-        )
+        if kind is ProbeKind.BISECT:
+            # A search step's verdict is evidence, not the endpoint's state: tokens only.
+            self.metrics.observe_tokens(
+                endpoint=spec.name,
+                kind=kind.value,
+                reported=ex.prompt_tokens,
+                completion=ex.completion_tokens,
+            )
+        else:
+            self.metrics.observe(
+                endpoint=spec.name,
+                kind=kind.value,
+                verdict=judgement.verdict,
+                finished_at=finished,
+                duration=ex.total_seconds,
+                planned=report.planned_prompt_tokens,
+                reported=ex.prompt_tokens,
+                completion=ex.completion_tokens,
+            )
         crossed = cross_tenant_markers(judgement.foreign, new.tenant)
         if judgement.verdict is Verdict.CROSS_TENANT_LEAK and crossed and new.tenant:
             source = crossed[0].tenant
