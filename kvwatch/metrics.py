@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -108,6 +109,7 @@ class ProbeMetrics:
         )
         # The pair each (endpoint, kind) series is labelled with now, to replace it.
         self._leak_pairs: dict[tuple[str, str], tuple[str, str]] = {}
+        self._series: dict[tuple[str, str], _KindSeries] = {}
         self.interrupted = Counter(
             "kvwatch_probes_interrupted",
             "Probes marked interrupted (shutdown, crash recovery).",
@@ -136,6 +138,7 @@ class ProbeMetrics:
             self.reported_tokens,
         )
         for kind in kinds:
+            self._series.pop((endpoint, kind), None)
             self._drop_leak_pair(endpoint, kind)
             for gauge in per_kind:
                 with contextlib.suppress(KeyError):
@@ -171,27 +174,25 @@ class ProbeMetrics:
         completion: int | None,
     ) -> None:
         ts = finished_at.timestamp()
+        series = self._series_of(endpoint, kind)
         # over_truncated is what a healthy engine without a hard limit answers: counting it
         # as a failure would turn every Ollama's success gauge into a permanent 0.
         passed = verdict in HEALTHY
-        self.probes.labels(endpoint, kind, verdict.value).inc()
+        series.counter(self.probes, verdict).inc()
         if not passed:
-            self.failures.labels(endpoint, kind, verdict.value).inc()
+            series.counter(self.failures, verdict).inc()
         # A throttled probe says nothing about correctness: keep the last real state.
         if verdict is not Verdict.THROTTLED:
-            self.success.labels(endpoint, kind).set(1 if passed else 0)
-            for v in Verdict:
-                self.last_verdict.labels(endpoint, kind, v.value).set(1 if v is verdict else 0)
-        self.last_run.labels(endpoint, kind).set(ts)
+            series.success.set(1 if passed else 0)
+            series.show_verdict(self.last_verdict, verdict)
+        series.last_run.set(ts)
         if passed:
-            self.last_success.labels(endpoint, kind).set(ts)
+            series.last_success.set(ts)
         if duration is not None:
-            self.duration.labels(endpoint, kind).observe(duration)
+            series.duration.observe(duration)
         if planned is not None:
-            self.planned_tokens.labels(endpoint, kind).set(planned)
-        self.reported_tokens.labels(endpoint, kind).set(
-            float("nan") if reported is None else reported
-        )
+            series.planned.set(planned)
+        series.reported.set(float("nan") if reported is None else reported)
         self.observe_tokens(endpoint=endpoint, kind=kind, reported=reported, completion=completion)
 
     def observe_tokens(
@@ -199,10 +200,67 @@ class ProbeMetrics:
     ) -> None:
         """Count only the tokens a probe spent. For bisect probes: their verdicts are search
         steps, and per-probe gauges (last verdict, success) would look like an incident."""
+        series = self._series_of(endpoint, kind)
         if reported is not None:
-            self.canary_tokens.labels(endpoint, kind, "prompt").inc(reported)
+            series.prompt_tokens.inc(reported)
         if completion is not None:
-            self.canary_tokens.labels(endpoint, kind, "completion").inc(completion)
+            series.completion_tokens.inc(completion)
+
+    def _series_of(self, endpoint: str, kind: str) -> _KindSeries:
+        # ``labels()`` validates, locks and hashes on every call; at fleet scale the ~30
+        # lookups per probe were a twentieth of kvwatch's CPU (issue 13), so each
+        # endpoint and kind keeps its children. forget_endpoint drops them with the series.
+        series = self._series.get((endpoint, kind))
+        if series is None:
+            series = _KindSeries(
+                success=self.success.labels(endpoint, kind),
+                last_run=self.last_run.labels(endpoint, kind),
+                last_success=self.last_success.labels(endpoint, kind),
+                duration=self.duration.labels(endpoint, kind),
+                planned=self.planned_tokens.labels(endpoint, kind),
+                reported=self.reported_tokens.labels(endpoint, kind),
+                prompt_tokens=self.canary_tokens.labels(endpoint, kind, "prompt"),
+                completion_tokens=self.canary_tokens.labels(endpoint, kind, "completion"),
+                labels=(endpoint, kind),
+            )
+            self._series[(endpoint, kind)] = series
+        return series
+
+
+@dataclass(slots=True)
+class _KindSeries:
+    """One endpoint and kind's labelled children (prometheus_client's, typed loosely)."""
+
+    success: Any
+    last_run: Any
+    last_success: Any
+    duration: Any
+    planned: Any
+    reported: Any
+    prompt_tokens: Any
+    completion_tokens: Any
+    labels: tuple[str, str]
+    counters: dict[tuple[int, Verdict], Any] = field(default_factory=dict)
+    verdicts: dict[Verdict, Any] = field(default_factory=dict)
+    shown: Verdict | None = None
+
+    def counter(self, metric: Counter, verdict: Verdict) -> Any:
+        key = (id(metric), verdict)
+        child = self.counters.get(key)
+        if child is None:
+            child = self.counters[key] = metric.labels(*self.labels, verdict.value)
+        return child
+
+    def show_verdict(self, gauge: Gauge, verdict: Verdict) -> None:
+        """1 for ``verdict``, 0 for every other one; only the two that change are written."""
+        if not self.verdicts:
+            self.verdicts = {v: gauge.labels(*self.labels, v.value) for v in Verdict}
+            for child in self.verdicts.values():
+                child.set(0)
+        elif self.shown is not None:
+            self.verdicts[self.shown].set(0)
+        self.verdicts[verdict].set(1)
+        self.shown = verdict
 
 
 class ServedWindow(Protocol):

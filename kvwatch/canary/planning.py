@@ -18,6 +18,7 @@ This module does no I/O of its own: it is handed a :class:`TokenCounter`.
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import math
 import random
@@ -123,6 +124,42 @@ def multi_question(n: int) -> str:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Costs:
+    """What filler costs on one tokenizer: every vocabulary piece and pool sentence."""
+
+    of: dict[str, int]  # piece or pool sentence -> tokens
+    singles: tuple[str, ...]  # the pieces that correct a prompt token by token
+    sentences: tuple[str, ...]  # the pool's sentences as text
+    sentence_costs: tuple[int, ...]
+    mean_sentence: int
+
+
+@functools.lru_cache(maxsize=64)
+def piece_costs(vocabulary_counts: tuple[int, ...]) -> Costs:
+    """Costs from the token count of each :func:`filler.vocabulary` piece, in its order.
+
+    Cached by those counts, so endpoints whose tokenizers agree share one table and a
+    plan pays nothing for it after the first.
+    """
+    counts = dict(zip(filler.vocabulary(), vocabulary_counts, strict=True))
+    singles = [p for p, n in counts.items() if n == 1 and p != filler.FULL_STOP]
+    if not singles:
+        # Every piece costs more than a token: correct with the cheapest ones, less precisely.
+        cheapest = min(counts.values())
+        singles = [p for p, n in counts.items() if n == cheapest]
+    pool = filler.sentence_pool()
+    texts = tuple("".join(sentence) for sentence in pool)
+    sentence_costs = tuple(sum(counts[p] for p in sentence) for sentence in pool)
+    return Costs(
+        of={**counts, **dict(zip(texts, sentence_costs, strict=True))},
+        singles=tuple(singles),
+        sentences=texts,
+        sentence_costs=sentence_costs,
+        mean_sentence=max(1, sum(sentence_costs) // len(sentence_costs)),
+    )
+
+
 def side_for(kind: ProbeKind) -> Side:
     # over and edge must be at least their size: one token short could be legitimately served.
     return Side.AT_LEAST if kind in (ProbeKind.OVER, ProbeKind.EDGE) else Side.AT_MOST
@@ -155,29 +192,25 @@ async def plan_prompt(
         ordered = ()
     side = side_for(kind)
     vocab = filler.vocabulary()
-    counts = dict(zip(vocab, await counter.count_pieces(vocab), strict=True))
-    singles = [p for p in vocab if counts[p] == 1 and p != filler.FULL_STOP]
-    if not singles:
-        # Every piece costs more than a token: correct with the cheapest ones, less precisely.
-        cheapest = min(counts.values())
-        singles = [p for p in vocab if counts[p] == cheapest]
+    costs = piece_costs(tuple(await counter.count_pieces(vocab)))
+    singles = costs.singles
     # The fixed text is counted with one filler piece in place, not with none: the text on
     # either side of an empty filler can merge into tokens that never occur in a real prompt.
     seed = singles[0]
     seeds = [seed] * (layout.seed_pieces() if isinstance(layout, MultiLayout) else 1)
-    base = await counter.count_prompt(layout.messages(seeds)) - counts[seed] * len(seeds)
+    base = await counter.count_prompt(layout.messages(seeds)) - costs.of[seed] * len(seeds)
     calls = 0
     if base > target_tokens:
         raise PlanningError(
             f"the canary's fixed text is {base} tokens, more than the {target_tokens} planned"
         )
 
-    pieces = _fill(target_tokens - base, counts, singles, rng)
+    pieces = _fill(target_tokens - base, costs, singles, rng)
     best: tuple[int, list[str]] | None = None
     for _ in range(max_rounds):
         total = await counter.count_prompt(layout.messages(pieces))
         calls += 1
-        text_tokens = sum(counts[p] for p in pieces)
+        text_tokens = sum(map(costs.of.__getitem__, pieces))
         if calls == 1 and template_swallows_content(base, total, text_tokens):
             # The serving stack's template drops the text, so its count cannot be steered.
             # Send the canary as sized by its content: the engine's usage will then show
@@ -204,7 +237,7 @@ async def plan_prompt(
         diff = target_tokens - total
         if diff == 0 or not counter.exact:
             break
-        pieces = _correct(pieces, diff, counts, singles, rng)
+        pieces = _correct(pieces, diff, costs, singles, rng)
     if best is None:
         raise PlanningError(
             f"could not size a {kind} prompt to {side.value} {target_tokens} tokens "
@@ -232,29 +265,36 @@ def _acceptable(total: int, target: int, side: Side) -> bool:
     return total <= target if side is Side.AT_MOST else total >= target
 
 
-def _fill(
-    need: int, counts: dict[str, int], singles: Sequence[str], rng: random.Random
-) -> list[str]:
-    """Whole sentences while they fit, then single-token words to land on ``need``."""
+def _fill(need: int, costs: Costs, singles: Sequence[str], rng: random.Random) -> list[str]:
+    """Whole pool sentences while they fit, then single-token words to land on ``need``."""
     pieces: list[str] = []
     have = 0
-    for sentence in filler.sentences(rng):
-        cost = sum(counts[p] for p in sentence)
-        if have + cost > need:
-            break
-        pieces += sentence
-        have += cost
+    texts, sentence_costs = costs.sentences, costs.sentence_costs
+    indexes = range(len(texts))
+    # Draw about as many sentences as should fit, a batch at a time; the last one that
+    # does not fit ends the sentences (as the word-by-word generator did).
+    while True:
+        batch = rng.choices(indexes, k=max(1, (need - have) // costs.mean_sentence + 1))
+        for i in batch:
+            cost = sentence_costs[i]
+            if have + cost > need:
+                break
+            pieces.append(texts[i])
+            have += cost
+        else:
+            continue
+        break
     while have < need:
         piece = rng.choice(singles)
         pieces.append(piece)
-        have += counts[piece]
+        have += costs.of[piece]
     return pieces
 
 
 def _correct(
     pieces: list[str],
     diff: int,
-    counts: dict[str, int],
+    costs: Costs,
     singles: Sequence[str],
     rng: random.Random,
 ) -> list[str]:
@@ -265,14 +305,14 @@ def _correct(
         while added < diff:
             piece = rng.choice(singles)
             pieces.append(piece)
-            added += counts[piece]
+            added += costs.of[piece]
         return pieces
     removed = 0
     while removed < -diff and pieces:
-        removed += counts[pieces.pop()]
+        removed += costs.of[pieces.pop()]
     # Dropping whole pieces may overshoot; give back single tokens.
     while removed > -diff:
         piece = rng.choice(singles)
         pieces.append(piece)
-        removed -= counts[piece]
+        removed -= costs.of[piece]
     return pieces

@@ -50,3 +50,76 @@ def test_over_truncated_counts_as_a_healthy_probe(
     assert failed == failures
     verdict_labels = {**LABELS, "verdict": verdict.value}
     assert registry.get_sample_value("kvwatch_probe_last_verdict", verdict_labels) == 1.0
+
+
+def _observe_on(metrics: ProbeMetrics, verdict: Verdict, kind: str = "over") -> None:
+    metrics.observe(
+        endpoint="ol",
+        kind=kind,
+        verdict=verdict,
+        finished_at=AT,
+        duration=0.5,
+        planned=4097,
+        reported=4096,
+        completion=1,
+    )
+
+
+def test_the_last_verdict_gauge_shows_only_the_latest_verdict() -> None:
+    """After pass, then marker_missing, then throttled, then pass: one verdict series at 1
+    (throttled keeps the last real one), every other verdict's series present at 0."""
+    registry = CollectorRegistry()
+    metrics = ProbeMetrics(registry)
+    shown = []
+    for verdict in (Verdict.PASS, Verdict.MARKER_MISSING, Verdict.THROTTLED, Verdict.PASS):
+        _observe_on(metrics, verdict)
+        ones = [
+            v
+            for v in Verdict
+            if registry.get_sample_value(
+                "kvwatch_probe_last_verdict", {**LABELS, "verdict": v.value}
+            )
+            == 1.0
+        ]
+        shown.append(ones)
+    assert shown == [
+        [Verdict.PASS],
+        [Verdict.MARKER_MISSING],
+        [Verdict.MARKER_MISSING],
+        [Verdict.PASS],
+    ]
+    zeros = [
+        v
+        for v in Verdict
+        if registry.get_sample_value("kvwatch_probe_last_verdict", {**LABELS, "verdict": v.value})
+        == 0.0
+    ]
+    assert len(zeros) == len(Verdict) - 1
+    assert (
+        registry.get_sample_value("kvwatch_probes_total", {**LABELS, "verdict": Verdict.PASS.value})
+        == 2.0
+    )
+
+
+def test_a_forgotten_endpoint_gets_its_series_back_when_probed_again() -> None:
+    """Removing an endpoint drops its series; re-adding and probing it exports fresh ones
+    (a cached child of a removed series would be written but never scraped)."""
+    registry = CollectorRegistry()
+    metrics = ProbeMetrics(registry)
+    _observe_on(metrics, Verdict.MARKER_MISSING)
+    metrics.forget_endpoint("ol", "m", "vllm", ["over"])
+    assert registry.get_sample_value("kvwatch_probe_success", LABELS) is None
+    _observe_on(metrics, Verdict.PASS)
+    assert registry.get_sample_value("kvwatch_probe_success", LABELS) == 1.0
+    assert (
+        registry.get_sample_value(
+            "kvwatch_probe_last_verdict", {**LABELS, "verdict": Verdict.PASS.value}
+        )
+        == 1.0
+    )
+    assert (
+        registry.get_sample_value(
+            "kvwatch_probe_last_verdict", {**LABELS, "verdict": Verdict.MARKER_MISSING.value}
+        )
+        == 0.0
+    )
