@@ -90,7 +90,7 @@ async def run(trials: int) -> None:
                     delivery.cancel()
                     await asyncio.gather(delivery, return_exceptions=True)
                     await built.delivery.aclose()
-                    await built.client.aclose()
+                    await built.clients.aclose()
         finally:
             am.close()
     probe_time = statistics.median(durations) if durations else 0.0

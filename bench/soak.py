@@ -81,7 +81,7 @@ async def soak(base_url: str, store: Store, probes: int) -> list[Sample]:
     metrics = ProbeMetrics(CollectorRegistry())
     samples = []
     async with httpx.AsyncClient(timeout=None) as client:
-        (target,) = build_targets(config.resolved_endpoints(), store, client, metrics)
+        (target,) = build_targets(config.resolved_endpoints(), store, lambda _name: client, metrics)
         runner = ProbeRunner(store=store, metrics=metrics, replica="soak")
         for i in range(probes):
             t0 = time.perf_counter()

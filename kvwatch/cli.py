@@ -129,8 +129,8 @@ def limit_notes(config: Config) -> list[str]:
 async def _check_live(config: Config) -> bool:
     """Discover each endpoint's window and pool; False if any is refused by the gate."""
     from kvwatch.capacity import FindingKind, assess
-    from kvwatch.daemon import build_http_client
     from kvwatch.engines.base import EngineAuthError
+    from kvwatch.engines.clients import build_http_client
     from kvwatch.engines.factory import build_engine
 
     ok = True
@@ -229,7 +229,7 @@ async def _probe(config: Config, name: str, kind: str, *, quiet: bool) -> list[P
                 )
         return reports
     finally:
-        await built.client.aclose()
+        await built.clients.aclose()
         built.store.engine.dispose()
 
 

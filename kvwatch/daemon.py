@@ -8,8 +8,9 @@ endpoints), the main wait, and the graceful shutdown on SIGTERM/SIGINT.
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,6 +28,7 @@ from kvwatch.alerting.evaluator import AlertEvaluator
 from kvwatch.alerting.policy import default_policy
 from kvwatch.config import Config, ConfigError, EndpointSpec, capacity_violations, load_config
 from kvwatch.engines.base import Engine
+from kvwatch.engines.clients import EndpointClients
 from kvwatch.engines.factory import build_engine
 from kvwatch.metrics import ConfigMetrics, ProbeMetrics, ServedWindowCollector
 from kvwatch.retention import retention_loop
@@ -46,29 +48,13 @@ from kvwatch.writebehind import ResultBuffer
 
 log = structlog.get_logger("kvwatch.daemon")
 
-# Connection pool sized for concurrent canaries; no overall timeout here because every
-# probe brings its own deadline (a 1M-token prefill may legitimately take minutes).
-HTTP_LIMITS = httpx.Limits(max_connections=200, max_keepalive_connections=50)
-
-
-def build_http_client() -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        limits=HTTP_LIMITS,
-        timeout=httpx.Timeout(None, connect=10.0),
-        # Canaries never follow redirects (a redirect to another host would judge that host's
-        # answer as the endpoint's); tokenize and discovery calls do the same. Configure the
-        # final URL.
-        follow_redirects=False,
-        headers={"User-Agent": f"kvwatch/{__version__}"},
-    )
-
 
 @dataclass
 class Built:
     store: Store
     registry: CollectorRegistry
     metrics: ProbeMetrics
-    client: httpx.AsyncClient
+    clients: EndpointClients
     runner: ProbeRunner
     targets: list[Target]
     delivery: Delivery | None = None
@@ -134,9 +120,11 @@ def public_base_url(config: Config) -> str:
 def build_targets(
     specs: Sequence[EndpointSpec],
     store: Store,
-    client: httpx.AsyncClient,
+    client_for: Callable[[str], httpx.AsyncClient],
     metrics: ProbeMetrics,
 ) -> list[Target]:
+    """Register ``specs`` and build their targets; ``client_for(name)``: the endpoint's HTTP
+    client (:meth:`EndpointClients.for_endpoint` in the daemon)."""
     targets = []
     # Filler piece counts are shared by every endpoint serving the same model.
     caches: dict[tuple[str, str], PieceCache] = {}
@@ -158,10 +146,10 @@ def build_targets(
                 model=spec.model,
                 api_key=key.get_secret_value() if key else None,
                 body_limit_bytes=spec.body_limit_bytes,
-                client=client,
+                client=client_for(spec.name),
             )
 
-        # One adapter per tenant (cheap: they share the HTTP client), so a tenant's key is
+        # One adapter per tenant (cheap: they share the endpoint's client), so a tenant's key is
         # only ever sent on that tenant's canaries.
         tenant_engines = {tenant.name: engine_with(tenant.api_key) for tenant in spec.tenants}
         default = spec.default_tenant
@@ -203,9 +191,9 @@ async def build(config: Config, *, upgrade: bool = True, alerting: bool = True) 
     registry = CollectorRegistry()
     metrics = ProbeMetrics(registry)
     registry.register(ServedWindowCollector(store.served_windows))
-    client = build_http_client()
+    clients = EndpointClients()
     targets = await asyncio.to_thread(
-        build_targets, config.resolved_endpoints(), store, client, metrics
+        build_targets, config.resolved_endpoints(), store, clients.for_endpoint, metrics
     )
     runner = ProbeRunner(
         store=store,
@@ -230,8 +218,8 @@ async def build(config: Config, *, upgrade: bool = True, alerting: bool = True) 
 
             delivery = Delivery(settings=settings, load_states=current_states, registry=registry)
             alerts.wake = delivery.notify
-        return Built(store, registry, metrics, client, runner, targets, delivery, alerts)
-    return Built(store, registry, metrics, client, runner, targets)
+        return Built(store, registry, metrics, clients, runner, targets, delivery, alerts)
+    return Built(store, registry, metrics, clients, runner, targets)
 
 
 class Daemon:
@@ -311,13 +299,14 @@ class Daemon:
         changed = [s for name, s in specs.items() if name not in old or old[name].spec != s]
         try:
             fresh = await asyncio.to_thread(
-                build_targets, changed, built.store, built.client, built.metrics
+                build_targets, changed, built.store, built.clients.for_endpoint, built.metrics
             )
         except StoreError as exc:
             return False, f"could not register endpoints: {exc}"
         for name in removed:
             spec = old[name].spec
             scheduler.remove(name, spec.probes)
+            built.clients.retire(name, idle=functools.partial(scheduler.idle, name))
             if built.alerts is not None:
                 retired = built.alerts.retire(name)
                 try:
@@ -364,7 +353,7 @@ class Daemon:
             self._built = built
             self._config_metrics = ConfigMetrics(built.registry)
             self._config_metrics.loaded(datetime.now(UTC))
-            stack.push_async_callback(built.client.aclose)
+            stack.push_async_callback(built.clients.aclose)
             stack.callback(built.store.engine.dispose)
             recovered = await asyncio.to_thread(
                 built.store.interrupt_running,

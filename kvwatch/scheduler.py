@@ -86,6 +86,9 @@ class ProbeScheduler:
         self._runner = runner
         self._scheduler = AsyncIOScheduler(timezone=UTC)
         self._tasks: set[asyncio.Task[object]] = set()
+        # The same tasks by endpoint, so a removed endpoint's client is closed only after
+        # its last probe (see idle).
+        self._running: dict[str, set[asyncio.Task[object]]] = {}
         self._targets: dict[str, Target] = {}
         self._first_run_within = first_run_within
         self._first_spread = first_run_within
@@ -180,6 +183,12 @@ class ProbeScheduler:
                 log.info("slot_retry", endpoint=endpoint, kind=kind, slot=slot)
                 self.run_slot_now(target, ProbeKind(kind), slot)
 
+    async def idle(self, endpoint: str) -> None:
+        """Return once no probe of ``endpoint`` is running (now or, if some are, when the
+        last of them ends)."""
+        while running := self._running.get(endpoint):
+            await asyncio.wait(set(running))
+
     @property
     def running(self) -> bool:
         return bool(self._scheduler.running)
@@ -198,6 +207,8 @@ class ProbeScheduler:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        running = self._running.setdefault(target.spec.name, set())
+        running.add(task)
         scheduled = None
         if slot is None:
             scheduled = self._due.pop(job_id(target.spec.name, kind), None)
@@ -216,6 +227,9 @@ class ProbeScheduler:
             log.exception("probe_crashed", endpoint=target.spec.name, kind=kind.value)
         finally:
             self._tasks.discard(task)
+            running.discard(task)
+            if not running:
+                self._running.pop(target.spec.name, None)
 
     async def shutdown(self, grace: float) -> None:
         """Stop scheduling, give in-flight probes ``grace`` seconds, then interrupt them."""

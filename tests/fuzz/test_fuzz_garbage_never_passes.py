@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from kvwatch.canary.model import ProbeKind, Verdict
 from kvwatch.canary.verdicts import judge
-from kvwatch.daemon import build_http_client
+from kvwatch.engines.clients import build_http_client
 from kvwatch.engines.openai import OpenAIEngine
 from tests.fuzz.strategies import garbage_bodies, plan
 from tests.helpers.hostile import hostile_server

@@ -41,6 +41,6 @@ def targets_and_runner(
     config: Config, store: Store, client: httpx.AsyncClient
 ) -> tuple[dict[str, Target], ProbeRunner, ProbeMetrics]:
     metrics = ProbeMetrics(CollectorRegistry())
-    targets = build_targets(config.resolved_endpoints(), store, client, metrics)
+    targets = build_targets(config.resolved_endpoints(), store, lambda _name: client, metrics)
     runner = ProbeRunner(store=store, metrics=metrics, replica="test-replica")
     return {t.spec.name: t for t in targets}, runner, metrics

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kvwatch.canary.model import ProbeKind, Verdict
-from kvwatch.daemon import build_http_client
+from kvwatch.engines.clients import build_http_client
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import SimEndpoint
 from kvwatch.store.records import ProbeRow

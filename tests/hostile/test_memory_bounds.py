@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from kvwatch.canary.model import ProbeKind, Verdict
-from kvwatch.daemon import build_http_client
+from kvwatch.engines.clients import build_http_client
 from kvwatch.engines.http import DEFAULT_BODY_LIMIT
 from kvwatch.store.repository import Store
 from tests.helpers.hostile import GIGANTIC_BYTES, hostile_server

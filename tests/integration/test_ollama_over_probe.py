@@ -40,7 +40,7 @@ async def ollama(
         try:
             yield sim, built
         finally:
-            await built.client.aclose()
+            await built.clients.aclose()
             built.store.engine.dispose()
 
 

@@ -58,7 +58,7 @@ async def kvwatch(config: Config) -> AsyncIterator[Built]:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await built.delivery.aclose()
-        await built.client.aclose()
+        await built.clients.aclose()
         built.store.engine.dispose()
 
 

@@ -208,7 +208,7 @@ async def test_the_alert_description_and_the_gauge_carry_the_served_window(db_ur
             )
             assert value == POOL
         finally:
-            await built.client.aclose()
+            await built.clients.aclose()
             built.store.engine.dispose()
 
 
