@@ -100,3 +100,26 @@ def test_a_jittered_schedule_runs_once_in_every_slot_without_drifting() -> None:
         fire = trigger.get_next_fire_time(fire, fire)
         assert fire is not None
         assert slot_for(fire.timestamp(), 60) == first + 60 * n
+
+
+async def test_idle_returns_once_the_endpoints_running_probe_has_ended(
+    db_url: str, store: Store
+) -> None:
+    """idle(name) waits out that endpoint's probe in flight (a removed endpoint's HTTP
+    client is closed after it), and returns at once for an endpoint with none running."""
+    slow = SimEndpoint("slow", window=4096, ttfb_delay=0.5)
+    async with run_simulator([slow]) as sim, httpx.AsyncClient() as client:
+        entry = sim_endpoint_entry(sim, "slow", probes=["baseline"], baseline_tokens=256)
+        targets, runner, _ = targets_and_runner(config_for([entry], database=db_url), store, client)
+        scheduler = ProbeScheduler(runner, first_run_within=0.01)
+        with capture_logs() as logs:
+            scheduler.start(targets.values())
+            for _ in range(500):
+                if scheduler.in_flight:
+                    break
+                await asyncio.sleep(0.01)
+            assert scheduler.in_flight == 1
+            await asyncio.wait_for(scheduler.idle("other"), 0.1)
+            await asyncio.wait_for(scheduler.idle("slow"), 10)
+            assert [e["endpoint"] for e in logs if e["event"] == "probe"] == ["slow"]
+            await scheduler.shutdown(5)
