@@ -1,4 +1,4 @@
-"""The composition root: config → store → metrics → HTTP client → runner → scheduler → web.
+"""The composition root: config → store → metrics → HTTP clients → runner → scheduler → web.
 
 Everything kvwatch runs is built here and passed down; no module keeps mutable state of its
 own. ``Daemon`` owns the lifecycle: start-up (migrate, recover interrupted probes, register
