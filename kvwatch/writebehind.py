@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from kvwatch.store.errors import StoreError, StoreUnavailable
 from kvwatch.store.records import AlertStateRecord, NewProbe, ProbeOutcome
 from kvwatch.store.repository import Store
+from kvwatch.store.writer import GroupWriter
 
 log = structlog.get_logger("kvwatch.writebehind")
 
@@ -50,6 +51,8 @@ class ResultBuffer:
         retry_every: float = 5.0,
     ) -> None:
         self._store = store
+        # Starts and results go through one writer thread, grouped into shared commits.
+        self._writer = GroupWriter(store)
         self._queue: deque[PendingResult] = deque()
         self._limit = limit
         self._retry_every = retry_every
@@ -77,8 +80,8 @@ class ResultBuffer:
         """
         try:
             if claim_ttl is None:
-                return await asyncio.to_thread(self._store.begin_probe, new)
-            probe_id = await asyncio.to_thread(self._store.claim_and_begin, new, claim_ttl)
+                return await self._writer.write(self._store.begin_probe_op(new))
+            probe_id = await self._writer.write(self._store.claim_and_begin_op(new, claim_ttl))
         except StoreUnavailable as exc:
             log.warning(
                 "database_unavailable",
@@ -104,19 +107,22 @@ class ResultBuffer:
 
     async def _write(self, pending: PendingResult) -> int:
         if pending.probe_id is None:
-            return await asyncio.to_thread(
-                self._store.record_probe,
-                pending.new,
+            return await self._writer.write(
+                self._store.record_probe_op(
+                    pending.new,
+                    pending.outcome,
+                    pending.alert_states,
+                    complete_slot=pending.completes_slot,
+                )
+            )
+        await self._writer.write(
+            self._store.finish_probe_op(
+                pending.probe_id,
                 pending.outcome,
                 pending.alert_states,
                 complete_slot=pending.completes_slot,
+                endpoint=pending.new.endpoint,
             )
-        await asyncio.to_thread(
-            self._store.finish_probe,
-            pending.probe_id,
-            pending.outcome,
-            pending.alert_states,
-            complete_slot=pending.completes_slot,
         )
         return pending.probe_id
 

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 from sqlalchemy import (
     JSON,
@@ -57,6 +57,19 @@ _ALERT_KEY = ("alertname", "endpoint", "probe", "region")
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WriteOp(Generic[T]):
+    """One write of the probe path, to run alone or in a group (:meth:`Store.write_group`):
+    ``run`` does it inside a transaction it is given; ``what`` heads its error message."""
+
+    what: str
+    run: Callable[[Session], T]
+    endpoint: str = ""  # whose rows it writes: a group runs its ops in this order
 
 
 class Store:
@@ -151,8 +164,15 @@ class Store:
 
     def begin_probe(self, p: NewProbe) -> int:
         """Record a probe as running, with its issued marker, before its request goes out."""
-        with self._errors("could not record the start of a probe"), self._write() as s:
-            return _add_probe(s, p, state=ProbeState.RUNNING, region=self._region)
+        return self._write_one(self.begin_probe_op(p))
+
+    def begin_probe_op(self, p: NewProbe) -> WriteOp[int]:
+        """:meth:`begin_probe` as an operation for :meth:`write_group`."""
+        return WriteOp(
+            "could not record the start of a probe",
+            lambda s: _add_probe(s, p, state=ProbeState.RUNNING, region=self._region),
+            p.endpoint,
+        )
 
     def claim_and_begin(self, p: NewProbe, ttl: float) -> int | None:
         """Claim ``p``'s slot for ``p.replica`` (as :meth:`claim_slot`) and record ``p`` as
@@ -162,12 +182,20 @@ class Store:
         racing replicas (the loser writes no row), and the row still exists before anything
         is sent, so a SIGKILL leaves it to be marked interrupted.
         """
-        if p.slot is None:
+        return self._write_one(self.claim_and_begin_op(p, ttl))
+
+    def claim_and_begin_op(self, p: NewProbe, ttl: float) -> WriteOp[int | None]:
+        """:meth:`claim_and_begin` as an operation for :meth:`write_group`."""
+        slot = p.slot
+        if slot is None:
             raise ValueError("claim_and_begin needs a probe with a slot")
-        with self._errors("could not claim a probe slot"), self._write() as s:
-            if not self._claim(s, p.endpoint, str(p.kind), p.slot, p.replica, ttl):
+
+        def run(s: Session) -> int | None:
+            if not self._claim(s, p.endpoint, str(p.kind), slot, p.replica, ttl):
                 return None
             return _add_probe(s, p, state=ProbeState.RUNNING, region=self._region)
+
+        return WriteOp("could not claim a probe slot", run, p.endpoint)
 
     def finish_probe(
         self,
@@ -184,7 +212,23 @@ class Store:
         Only a running probe can be finished: a row that was interrupted (its replica was
         presumed dead) or already finished raises :class:`StoreError` and nothing is written.
         """
-        with self._errors(f"could not finish probe {probe_id}"), self._write() as s:
+        self._write_one(
+            self.finish_probe_op(probe_id, r, alert_states, complete_slot=complete_slot)
+        )
+
+    def finish_probe_op(
+        self,
+        probe_id: int,
+        r: ProbeOutcome,
+        alert_states: Sequence[AlertStateRecord] = (),
+        *,
+        complete_slot: bool = False,
+        endpoint: str = "",
+    ) -> WriteOp[None]:
+        """:meth:`finish_probe` as an operation for :meth:`write_group` (``endpoint``: the
+        probe's, which orders the group)."""
+
+        def run(s: Session) -> None:
             # The state guard sits in the UPDATE itself so two writers cannot both win; what
             # the rollup and the slot need comes back from it (no second read of the row).
             row = s.execute(_FINISH, {"_id": probe_id, **_outcome_params(r)}).first()
@@ -198,6 +242,8 @@ class Store:
             if complete_slot and row.slot is not None:
                 self._complete(s, row.endpoint, row.kind, row.slot, probe_id)
 
+        return WriteOp(f"could not finish probe {probe_id}", run, endpoint)
+
     def record_probe(
         self,
         p: NewProbe,
@@ -209,7 +255,21 @@ class Store:
         """Write a whole probe at once, when its start could not be recorded (the database
         was unreachable): the done row, its marker and the alert states in one transaction,
         and with ``complete_slot`` the completion of its slot."""
-        with self._errors("could not record a probe"), self._write() as s:
+        return self._write_one(
+            self.record_probe_op(p, r, alert_states, complete_slot=complete_slot)
+        )
+
+    def record_probe_op(
+        self,
+        p: NewProbe,
+        r: ProbeOutcome,
+        alert_states: Sequence[AlertStateRecord] = (),
+        *,
+        complete_slot: bool = False,
+    ) -> WriteOp[int]:
+        """:meth:`record_probe` as an operation for :meth:`write_group`."""
+
+        def run(s: Session) -> int:
             probe_id = _add_probe(
                 s, p, state=ProbeState.DONE, region=self._region, **_outcome_values(r)
             )
@@ -218,6 +278,8 @@ class Store:
             if complete_slot and p.slot is not None:
                 self._complete(s, p.endpoint, str(p.kind), p.slot, probe_id)
             return probe_id
+
+        return WriteOp("could not record a probe", run, p.endpoint)
 
     def interrupt_running(
         self,
@@ -552,6 +614,43 @@ class Store:
                 if deleted < batch:
                     return total
 
+    # -- grouped writes -------------------------------------------------------------------
+
+    def write_group(self, ops: Sequence[WriteOp[Any]]) -> list[Any]:
+        """Run ``ops`` in one transaction where they all succeed; each gets its own outcome.
+
+        The outcome of an op is its result, or the :class:`StoreError` it met. Several
+        probes' writes then cost one commit (and on SQLite one turn of the writer lock).
+        The ops run in order of endpoint, so that two replicas' groups lock their rows in
+        one order and cannot deadlock each other on PostgreSQL. When the database is
+        unreachable every op gets that error; when one op is refused (a probe no longer
+        running, a constraint) or the group lost a conflict with another transaction, the
+        group is rolled back and each op runs in a transaction of its own, so only an op
+        that fails alone fails.
+        """
+        if len(ops) > 1:
+            order = sorted(range(len(ops)), key=lambda i: ops[i].endpoint)
+            try:
+                with self._errors("could not write a group of probe writes"), self._write() as s:
+                    done = {i: ops[i].run(s) for i in order}
+                return [done[i] for i in range(len(ops))]
+            except StoreUnavailable as exc:
+                if not _lost_a_conflict(exc.__cause__):
+                    return [exc] * len(ops)
+            except StoreError:
+                pass
+        outcomes: list[Any] = []
+        for op in ops:
+            try:
+                outcomes.append(self._write_one(op))
+            except StoreError as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    def _write_one(self, op: WriteOp[T]) -> T:
+        with self._errors(op.what), self._write() as s:
+            return op.run(s)
+
     # -- helpers --------------------------------------------------------------------------
 
     @contextmanager
@@ -609,6 +708,16 @@ class Store:
             set_={k: stmt.excluded[k] for k in rows[0] if k not in _ALERT_KEY},
         )
         session.execute(stmt, rows)
+
+
+# SQLSTATEs of a transaction that lost to another one (deadlock, serialization failure):
+# running it again can succeed, unlike when the server is gone.
+_CONFLICT_SQLSTATES = frozenset({"40P01", "40001"})
+
+
+def _lost_a_conflict(exc: BaseException | None) -> bool:
+    orig = getattr(exc, "orig", None)
+    return getattr(orig, "sqlstate", None) in _CONFLICT_SQLSTATES
 
 
 def _first_line(exc: SQLAlchemyError) -> str:

@@ -19,7 +19,7 @@ from kvwatch.runner import ProbeRunner, Target
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.errors import StoreUnavailable
-from kvwatch.store.repository import Store
+from kvwatch.store.repository import Store, WriteOp
 from tests.helpers.targets import config_for, sim_endpoint_entry, targets_and_runner
 
 SLOT = 1_700_000_040
@@ -134,19 +134,22 @@ async def test_a_result_buffered_in_an_outage_completes_its_slot_when_written(
     """The database is down when the result is ready: the result waits in the buffer, the
     slot stays undone, and writing the result later marks the slot done with it."""
     runner = fleet.runner
-    finish = store.finish_probe
+    finish = store.finish_probe_op
 
-    def down(*args: Any, **kwargs: Any) -> None:
+    def refused(_session: Any) -> None:
         raise StoreUnavailable("could not finish probe: connection refused")
 
-    monkeypatch.setattr(store, "finish_probe", down)
+    def down(*args: Any, **kwargs: Any) -> WriteOp[None]:
+        return WriteOp("could not finish probe", refused)
+
+    monkeypatch.setattr(store, "finish_probe_op", down)
     reports = await runner.run_slot(fleet.targets["healthy"], ProbeKind.OVER, SLOT)
     assert len(runner.results) == 1
     assert slot_row(store, "healthy", "over") == ("test-replica", False, None)
     row = store.get_probe(reports[0].probe_id)
     assert row is not None and row.state is ProbeState.RUNNING
 
-    monkeypatch.setattr(store, "finish_probe", finish)
+    monkeypatch.setattr(store, "finish_probe_op", finish)
     assert await runner.results.flush()
     assert slot_row(store, "healthy", "over") == ("test-replica", True, reports[0].probe_id)
     row = store.get_probe(reports[0].probe_id)
