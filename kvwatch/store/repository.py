@@ -323,7 +323,6 @@ class Store:
     ) -> bool:
         now = self._now()
         expires = now + timedelta(seconds=ttl)
-        key = (*self._slot_key(endpoint, kind), ProbeSlot.slot == slot)
         inserted = s.execute(
             _CLAIM[s.get_bind().dialect.name],
             {
@@ -340,6 +339,8 @@ class Store:
         )
         if inserted.first() is not None:
             return True
+        # Built only here: expression objects cost more than the common claim above.
+        key = (*self._slot_key(endpoint, kind), ProbeSlot.slot == slot)
         taken = s.execute(
             update(ProbeSlot)
             .where(*key, ProbeSlot.done.is_(False), ProbeSlot.expires_at < now)
@@ -906,7 +907,9 @@ def _nullable(name: str) -> TypeEngine[Any]:
 
 
 _INSERT_PROBE = insert(_PROBES).returning(_PROBES.c.id)
-_INSERT_MARKER = insert(Marker)
+# On the table, not the mapped class: an INSERT of a class runs the ORM's bulk-insert
+# machinery, which cost as much as the whole rest of the start's transaction.
+_INSERT_MARKER = insert(cast(Table, Marker.__table__))
 _FINISH = (
     update(_PROBES)
     .where(_PROBES.c.id == bindparam("_id"), _PROBES.c.state == ProbeState.RUNNING.value)
