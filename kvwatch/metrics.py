@@ -110,6 +110,7 @@ class ProbeMetrics:
         # The pair each (endpoint, kind) series is labelled with now, to replace it.
         self._leak_pairs: dict[tuple[str, str], tuple[str, str]] = {}
         self._series: dict[tuple[str, str], _KindSeries] = {}
+        self._tokens: dict[tuple[str, str], tuple[Any, Any]] = {}
         self.interrupted = Counter(
             "kvwatch_probes_interrupted",
             "Probes marked interrupted (shutdown, crash recovery).",
@@ -139,6 +140,7 @@ class ProbeMetrics:
         )
         for kind in kinds:
             self._series.pop((endpoint, kind), None)
+            self._tokens.pop((endpoint, kind), None)
             self._drop_leak_pair(endpoint, kind)
             for gauge in per_kind:
                 with contextlib.suppress(KeyError):
@@ -200,11 +202,18 @@ class ProbeMetrics:
     ) -> None:
         """Count only the tokens a probe spent. For bisect probes: their verdicts are search
         steps, and per-probe gauges (last verdict, success) would look like an incident."""
-        series = self._series_of(endpoint, kind)
+        # Only these two series: a bisect probe must not create the per-probe gauges.
+        key = (endpoint, kind)
+        tokens = self._tokens.get(key)
+        if tokens is None:
+            tokens = self._tokens[key] = (
+                self.canary_tokens.labels(endpoint, kind, "prompt"),
+                self.canary_tokens.labels(endpoint, kind, "completion"),
+            )
         if reported is not None:
-            series.prompt_tokens.inc(reported)
+            tokens[0].inc(reported)
         if completion is not None:
-            series.completion_tokens.inc(completion)
+            tokens[1].inc(completion)
 
     def _series_of(self, endpoint: str, kind: str) -> _KindSeries:
         # ``labels()`` validates, locks and hashes on every call; at fleet scale the ~30
@@ -219,8 +228,6 @@ class ProbeMetrics:
                 duration=self.duration.labels(endpoint, kind),
                 planned=self.planned_tokens.labels(endpoint, kind),
                 reported=self.reported_tokens.labels(endpoint, kind),
-                prompt_tokens=self.canary_tokens.labels(endpoint, kind, "prompt"),
-                completion_tokens=self.canary_tokens.labels(endpoint, kind, "completion"),
                 labels=(endpoint, kind),
             )
             self._series[(endpoint, kind)] = series
@@ -237,8 +244,6 @@ class _KindSeries:
     duration: Any
     planned: Any
     reported: Any
-    prompt_tokens: Any
-    completion_tokens: Any
     labels: tuple[str, str]
     counters: dict[tuple[int, Verdict], Any] = field(default_factory=dict)
     verdicts: dict[Verdict, Any] = field(default_factory=dict)
