@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from sqlalchemy import text
 
 from kvwatch.store.engine import create_engine_for
-from tests.helpers.processes import free_port, simulator_process, start_kvwatch, stop
+from tests.helpers.processes import free_port, simulator_process, start_kvwatch, stop, wait_for
 
 
 def pg_cluster(action: str) -> None:
@@ -27,6 +29,28 @@ def pg_cluster(action: str) -> None:
 
 def pg_ctl_available() -> bool:
     return Path("/etc/postgresql").is_dir() and os.geteuid() == 0
+
+
+# The result buffer retries the database every 5 s.
+RETRY_SECONDS = 5
+
+
+def events(log: Path) -> list[dict[str, Any]]:
+    """The daemon's JSON log lines so far (a line still being written is left out)."""
+    found = []
+    for line in log.read_text().splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                found.append(json.loads(line))
+    return found
+
+
+def count(log: Path, event: str, **fields: str) -> int:
+    return sum(
+        1
+        for e in events(log)
+        if e.get("event") == event and all(e.get(k) == v for k, v in fields.items())
+    )
 
 
 @pytest.mark.postgres
@@ -63,19 +87,32 @@ def test_postgresql_restarted_mid_run_loses_no_result(tmp_path, postgres_schema_
         (tmp_path / "kvwatch.yaml").write_text(yaml.safe_dump(doc))
         proc = start_kvwatch("run", "--config", str(tmp_path / "kvwatch.yaml"), log=log)
         try:
-            time.sleep(15)
+            # Polled, not slept: each phase lasts until the log shows what it is for.
+            wait_for("20 probes before the outage", lambda: count(log, "probe") >= 20, timeout=60)
             pg_cluster("stop")
             try:
-                time.sleep(10)
+                before = count(log, "probe")
+                wait_for(
+                    "a result that could not be stored",
+                    lambda: count(log, "database_unavailable", during="finish_probe"),
+                )
+                # Longer than a retry period, so a flush also fails while the server is down.
+                time.sleep(RETRY_SECONDS + 1)
+                wait_for("10 probes during the outage", lambda: count(log, "probe") >= before + 10)
             finally:
                 pg_cluster("start")
-            time.sleep(20)  # the buffer flushes every 5 s once the database answers
+            wait_for(
+                "the buffered results to be flushed",
+                lambda: count(log, "results_flushed"),
+                timeout=4 * RETRY_SECONDS,
+            )
+            after = count(log, "probe")
+            wait_for("10 more probes after the flush", lambda: count(log, "probe") >= after + 10)
         finally:
             assert stop(proc) == 0, log.read_text()[-3000:]
 
-    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
-    finished = [e for e in events if e.get("event") == "probe"]
-    assert any(e.get("event") == "database_unavailable" for e in events), "no outage seen"
+    finished = [e for e in events(log) if e.get("event") == "probe"]
+    assert count(log, "database_unavailable"), "no outage seen"
     engine = create_engine_for(postgres_schema_url)
     with engine.connect() as c:
         stored = c.execute(text("SELECT count(*) FROM probes WHERE state = 'done'")).scalar_one()
