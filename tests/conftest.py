@@ -20,6 +20,7 @@ import os
 import secrets
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -72,20 +73,27 @@ def postgres_database_url() -> Iterator[URL]:
         admin.dispose()
 
 
-@pytest.fixture
-def postgres_schema_url(postgres_database_url: URL) -> Iterator[str]:
-    """A URL whose connections land in a fresh, empty schema of the session database."""
+@contextmanager
+def fresh_schema(database_url: URL) -> Iterator[str]:
+    """A URL whose connections land in a fresh, empty schema of ``database_url``."""
     schema = f"t_{secrets.token_hex(6)}"
-    admin = create_engine(postgres_database_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    admin = create_engine(database_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     with admin.connect() as connection:
         connection.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = postgres_database_url.update_query_dict({"options": f"-csearch_path={schema}"})
+    url = database_url.update_query_dict({"options": f"-csearch_path={schema}"})
     try:
         yield url.render_as_string(hide_password=False)
     finally:
         with admin.connect() as connection:
             connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+@pytest.fixture
+def postgres_schema_url(postgres_database_url: URL) -> Iterator[str]:
+    """A URL whose connections land in a fresh, empty schema of the session database."""
+    with fresh_schema(postgres_database_url) as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -110,9 +118,9 @@ def migrated_sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture
-def store(request: pytest.FixtureRequest, db_url: str) -> Iterator[Store]:
-    """A Store on a freshly migrated database, once per supported backend."""
+@contextmanager
+def migrated_store(request: pytest.FixtureRequest, db_url: str) -> Iterator[Store]:
+    """A Store on the empty database at ``db_url``, migrated (SQLite: the template copied)."""
     url = make_url(db_url)
     if url.get_backend_name() == "sqlite":
         template: Path = request.getfixturevalue("migrated_sqlite_template")
@@ -126,6 +134,13 @@ def store(request: pytest.FixtureRequest, db_url: str) -> Iterator[Store]:
         yield Store(engine)
     finally:
         engine.dispose()
+
+
+@pytest.fixture
+def store(request: pytest.FixtureRequest, db_url: str) -> Iterator[Store]:
+    """A Store on a freshly migrated database, once per supported backend."""
+    with migrated_store(request, db_url) as migrated:
+        yield migrated
 
 
 # ===========================================================================================
