@@ -7,7 +7,9 @@ is a copy of the SQLite run's, refreshed by hand: a test run must not change tra
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -19,6 +21,7 @@ from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.repository import Store
 from kvwatch.web.app import WebContext, create_app
+from tests.conftest import fresh_schema, migrated_store
 from tests.helpers.targets import config_for, sim_endpoint_entry, targets_and_runner
 from tests.web.test_browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, _browser_or_skip, web
 
@@ -29,9 +32,27 @@ INCIDENT = SimEndpoint(
 )
 
 
-@pytest.fixture
-async def measured(store: Store) -> AsyncIterator[int]:
-    """Baseline, then the capacity check → edge probe → served-window search; yields the
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def store(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Store]:
+    """One freshly migrated store per backend for this module: both tests only read the
+    history ``measured`` writes (a 1M-token window search, seconds each), so it is written once
+    per backend instead of once per test."""
+    with contextlib.ExitStack() as stack:
+        if request.param == "sqlite":
+            url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'kvwatch.db'}"
+        else:
+            url = stack.enter_context(
+                fresh_schema(request.getfixturevalue("postgres_database_url"))
+            )
+        yield stack.enter_context(migrated_store(request, url))
+
+
+async def measure(store: Store) -> int:
+    """Baseline, then the capacity check → edge probe → served-window search; returns the
     edge probe's id (the search's trigger)."""
     async with run_simulator([INCIDENT]) as sim, httpx.AsyncClient(timeout=None) as client:
         entry = sim_endpoint_entry(sim, "glm-prod", flavour="sglang")
@@ -43,7 +64,13 @@ async def measured(store: Store) -> AsyncIterator[int]:
         assert [r.kind for r in chain][-1] is ProbeKind.BISECT
         edge = [r for r in chain if r.kind is ProbeKind.EDGE][-1]
         assert edge.probe_id is not None
-        yield edge.probe_id
+        return edge.probe_id
+
+
+@pytest.fixture(scope="module")
+def measured(store: Store) -> int:
+    """The edge probe's id of the history measured once into this module's store."""
+    return asyncio.run(measure(store))
 
 
 def test_the_api_lists_the_served_window_of_an_endpoint(store: Store, measured: int) -> None:
