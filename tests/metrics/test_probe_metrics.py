@@ -16,16 +16,7 @@ LABELS = {"endpoint": "ol", "probe": "over"}
 
 def _observe(verdict: Verdict) -> CollectorRegistry:
     registry = CollectorRegistry()
-    ProbeMetrics(registry).observe(
-        endpoint="ol",
-        kind="over",
-        verdict=verdict,
-        finished_at=AT,
-        duration=0.5,
-        planned=4097,
-        reported=4096,
-        completion=1,
-    )
+    _observe_on(ProbeMetrics(registry), verdict)
     return registry
 
 
@@ -52,10 +43,10 @@ def test_over_truncated_counts_as_a_healthy_probe(
     assert registry.get_sample_value("kvwatch_probe_last_verdict", verdict_labels) == 1.0
 
 
-def _observe_on(metrics: ProbeMetrics, verdict: Verdict, kind: str = "over") -> None:
+def _observe_on(metrics: ProbeMetrics, verdict: Verdict) -> None:
     metrics.observe(
         endpoint="ol",
-        kind=kind,
+        kind="over",
         verdict=verdict,
         finished_at=AT,
         duration=0.5,
