@@ -5,8 +5,9 @@ through asyncio's default executor, each write paid for a thread hand-off, a tur
 SQLite writer lock and a commit of its own, and every return from SQLite or the PostgreSQL
 socket waited for the event loop to let go of the GIL; at 50 probes a second the writes
 queued for hundreds of milliseconds (issue 13). Here one thread takes whatever writes are
-waiting and runs them in one transaction (:meth:`Store.write_group`), in the order they
-came; a write that comes alone runs alone, so nothing waits for a group to fill.
+waiting and runs them in one transaction (:meth:`Store.write_group`, which orders them by
+endpoint); a write that comes alone runs alone, so nothing waits for a group to fill. A
+probe's own writes never share a group: its result is sent only after its start returned.
 """
 
 from __future__ import annotations
