@@ -25,11 +25,13 @@ from kvwatch import __version__
 # A probe holds one connection at a time and an endpoint runs one probe at a time; the
 # headroom is for `kvwatch probe` and tests, which may overlap calls to one endpoint.
 PER_ENDPOINT_LIMITS = httpx.Limits(max_connections=10, max_keepalive_connections=2)
+# A client shared by many endpoints (check-config --live, tests driving a fleet at once).
+SHARED_LIMITS = httpx.Limits(max_connections=200, max_keepalive_connections=50)
 
 
 def build_http_client(
     *,
-    limits: httpx.Limits = PER_ENDPOINT_LIMITS,
+    limits: httpx.Limits = SHARED_LIMITS,
     verify: ssl.SSLContext | bool = True,
 ) -> httpx.AsyncClient:
     return httpx.AsyncClient(
@@ -64,7 +66,9 @@ class EndpointClients:
     def for_endpoint(self, name: str) -> httpx.AsyncClient:
         client = self._clients.get(name)
         if client is None:
-            client = self._clients[name] = build_http_client(verify=self._tls)
+            client = self._clients[name] = build_http_client(
+                limits=PER_ENDPOINT_LIMITS, verify=self._tls
+            )
         return client
 
     def retire(self, name: str, idle: Callable[[], Awaitable[object]]) -> None:

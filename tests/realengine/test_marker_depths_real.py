@@ -64,11 +64,18 @@ async def test_a_cut_tail_is_localised_as_tail_lost_from_the_real_models_answer(
 
 
 async def test_a_cut_head_loses_every_code_this_model_can_give_back(rig: Rig) -> None:
-    """The 0.0 code is cut away; nothing else is within this model's reach: all lost."""
+    """The 0.0 code is cut away. The 0.75 code is at the edge of this model's reach (it
+    recalls it now and then, more often since a marker sits between two sentences): the
+    reason says head lost when it came back and all lost when it did not, never another
+    part."""
     report = await rig.runner.run(rig.targets["truncate_head"], ProbeKind.UNDER)
     assert report.verdict is Verdict.TRUNCATED, report.reason
-    assert [d.outcome for d in report.depths] == [MISSING, MISSING], report.reason
-    assert "all lost (markers at 0.0, 0.75 missing): the engine read " in report.reason
+    outcomes = [d.outcome for d in report.depths]
+    assert outcomes in ([MISSING, MISSING], [MISSING, FOUND]), report.reason
+    if outcomes[1] is FOUND:
+        assert "head lost (markers at 0.0 missing; 0.75 found)" in report.reason
+    else:
+        assert "all lost (markers at 0.0, 0.75 missing): the engine read " in report.reason
 
 
 async def test_the_baseline_with_the_same_depths_says_the_deep_code_is_beyond_the_model(
