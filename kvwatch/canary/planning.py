@@ -193,10 +193,9 @@ async def plan_prompt(
     side = side_for(kind)
     vocab = filler.vocabulary()
     costs = piece_costs(tuple(await counter.count_pieces(vocab)))
-    singles = costs.singles
     # The fixed text is counted with one filler piece in place, not with none: the text on
     # either side of an empty filler can merge into tokens that never occur in a real prompt.
-    seed = singles[0]
+    seed = costs.singles[0]
     seeds = [seed] * (layout.seed_pieces() if isinstance(layout, MultiLayout) else 1)
     base = await counter.count_prompt(layout.messages(seeds)) - costs.of[seed] * len(seeds)
     calls = 0
@@ -205,7 +204,7 @@ async def plan_prompt(
             f"the canary's fixed text is {base} tokens, more than the {target_tokens} planned"
         )
 
-    pieces = _fill(target_tokens - base, costs, singles, rng)
+    pieces = _fill(target_tokens - base, costs, rng)
     best: tuple[int, list[str]] | None = None
     for _ in range(max_rounds):
         total = await counter.count_prompt(layout.messages(pieces))
@@ -237,7 +236,7 @@ async def plan_prompt(
         diff = target_tokens - total
         if diff == 0 or not counter.exact:
             break
-        pieces = _correct(pieces, diff, costs, singles, rng)
+        pieces = _correct(pieces, diff, costs, rng)
     if best is None:
         raise PlanningError(
             f"could not size a {kind} prompt to {side.value} {target_tokens} tokens "
@@ -265,7 +264,7 @@ def _acceptable(total: int, target: int, side: Side) -> bool:
     return total <= target if side is Side.AT_MOST else total >= target
 
 
-def _fill(need: int, costs: Costs, singles: Sequence[str], rng: random.Random) -> list[str]:
+def _fill(need: int, costs: Costs, rng: random.Random) -> list[str]:
     """Whole pool sentences while they fit, then single-token words to land on ``need``."""
     pieces: list[str] = []
     have = 0
@@ -285,7 +284,7 @@ def _fill(need: int, costs: Costs, singles: Sequence[str], rng: random.Random) -
             continue
         break
     while have < need:
-        piece = rng.choice(singles)
+        piece = rng.choice(costs.singles)
         pieces.append(piece)
         have += costs.of[piece]
     return pieces
@@ -295,7 +294,6 @@ def _correct(
     pieces: list[str],
     diff: int,
     costs: Costs,
-    singles: Sequence[str],
     rng: random.Random,
 ) -> list[str]:
     """Add or drop trailing filler worth ``diff`` tokens by the cached piece counts."""
@@ -303,7 +301,7 @@ def _correct(
     if diff > 0:
         added = 0
         while added < diff:
-            piece = rng.choice(singles)
+            piece = rng.choice(costs.singles)
             pieces.append(piece)
             added += costs.of[piece]
         return pieces
@@ -312,7 +310,7 @@ def _correct(
         removed += costs.of[pieces.pop()]
     # Dropping whole pieces may overshoot; give back single tokens.
     while removed > -diff:
-        piece = rng.choice(singles)
+        piece = rng.choice(costs.singles)
         pieces.append(piece)
         removed -= costs.of[piece]
     return pieces
