@@ -90,6 +90,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(after_comm[11]) + int(after_comm[12])) / CLK_TCK
 
 
+def postgres_cpu_seconds() -> float:
+    """CPU of every running PostgreSQL server process on this machine (the database's share
+    of the two cores; a backend that exits between two readings takes its share with it)."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "comm").read_text().strip() == "postgres":
+                total += cpu_seconds(int(proc.name))
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited while we looked
+    return total
+
+
 def memory_mb(pid: int) -> tuple[float, float]:
     """(VmRSS, VmHWM) of ``pid`` in MB."""
     values: dict[str, float] = {}
@@ -189,6 +204,7 @@ class Result:
     end_mb: float = 0.0
     cpu: float = 0.0
     sim_cpu: float = 0.0
+    db_cpu: float = 0.0  # PostgreSQL server processes (0 on SQLite: it runs inside kvwatch)
     loadavg: str = ""
     expected: int = 0  # slots of the measured window
     lost: int = 0
@@ -250,6 +266,7 @@ def run_one(opts: Options, db_kind: str) -> Result:
         config = write_config(opts, tmp, sim_url, db_url)
         log_path = tmp / "kvwatch.log"
         sim_cpu0 = cpu_seconds(sim_pid)
+        db_cpu0 = postgres_cpu_seconds() if db_kind == "postgres" else 0.0
         with open(log_path, "w") as log, open(tmp / "kvwatch.err", "w") as err:
             start = time.monotonic()
             proc = subprocess.Popen(
@@ -272,6 +289,8 @@ def run_one(opts: Options, db_kind: str) -> Result:
                 result.cpu = cpu_seconds(proc.pid)
                 result.wall = time.monotonic() - start
                 result.sim_cpu = cpu_seconds(sim_pid) - sim_cpu0
+                if db_kind == "postgres":
+                    result.db_cpu = postgres_cpu_seconds() - db_cpu0
             finally:
                 stopped = time.time()
                 proc.send_signal(signal.SIGTERM)
@@ -377,6 +396,8 @@ def report(opts: Options, r: Result) -> None:
         f"CPU {r.cpu / r.wall * 100:.0f}% of one core ({r.cpu:.0f} s over {r.wall:.0f} s)"
     )
     print(f"simulator CPU {r.sim_cpu / r.wall * 100:.0f}% of one core")
+    if r.db == "postgres":
+        print(f"PostgreSQL server CPU {r.db_cpu / r.wall * 100:.0f}% of one core")
     print(
         f"probes: {r.probes} in {r.wall:.0f} s = {r.probes / r.wall:.1f}/s "
         f"(schedule: {opts.endpoints * len(opts.probes) / opts.interval:.1f}/s); "

@@ -124,15 +124,25 @@ class ProbeScheduler:
             # without every endpoint's canary landing in the same instant (a large fleet's
             # over up to one interval, see FIRST_RUNS_PER_SECOND).
             spread = min(self._first_spread, max(self._first_run_within, spec.interval_seconds))
-            first = self._clock() + timedelta(seconds=self._rng.uniform(0, spread))
+            now = self._clock()
+            first = now + timedelta(seconds=self._rng.uniform(0, spread))
+            trigger = SlotTrigger(
+                seconds=spec.interval_seconds,
+                start_date=EPOCH,
+                jitter=spec.jitter_seconds or None,
+                timezone=UTC,
+            )
+            if spread > self._first_run_within and slot_for(
+                first.timestamp(), spec.interval_seconds
+            ) > slot_for(now.timestamp(), spec.interval_seconds):
+                # A large fleet's first runs drawn past the current slot would crowd into
+                # the start of the next one beside its regular runs (a fleet restarted at
+                # full rate ran 1.7x that rate for the rest of the slot, and lag piled up
+                # for a minute); that slot's own jittered run comes soon enough.
+                first = trigger.get_next_fire_time(now, now) or first
             self._scheduler.add_job(
                 self._run,
-                SlotTrigger(
-                    seconds=spec.interval_seconds,
-                    start_date=EPOCH,
-                    jitter=spec.jitter_seconds or None,
-                    timezone=UTC,
-                ),
+                trigger,
                 args=(target, kind),
                 id=job_id(spec.name, kind),
                 name=job_id(spec.name, kind),

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
+from collections import Counter
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -123,3 +126,39 @@ async def test_idle_returns_once_the_endpoints_running_probe_has_ended(
             await asyncio.wait_for(scheduler.idle("slow"), 10)
             assert [e["endpoint"] for e in logs if e["event"] == "probe"] == ["slow"]
             await scheduler.shutdown(5)
+
+
+async def test_a_large_fleet_started_early_in_a_slot_runs_the_next_slot_at_its_usual_pace() -> None:
+    """First runs drawn past the slot boundary take that slot's jittered time instead of
+    crowding its first seconds beside the regular runs (a restart ran 1.7x the rate)."""
+    interval, jobs = 60.0, 1200
+    slot = 1_800_000_000 // 60 * 60
+    now = datetime.fromtimestamp(slot + 10, tz=UTC)  # 50 s left in this slot
+    targets = [
+        SimpleNamespace(
+            spec=SimpleNamespace(
+                name=f"ep{i}",
+                probes=[ProbeKind.BASELINE],
+                interval_seconds=interval,
+                jitter_seconds=interval - 1,
+            )
+        )
+        for i in range(jobs)
+    ]
+    runner = SimpleNamespace()
+    scheduler = ProbeScheduler(runner, rng=random.Random(7), clock=lambda: now)  # type: ignore[arg-type]
+    scheduler.start(targets)  # type: ignore[arg-type]
+    try:
+        next_slot: list[float] = []
+        for job in scheduler._scheduler.get_jobs():
+            fire = job.next_run_time
+            if slot_for(fire.timestamp(), interval) == slot:  # a first run in this slot
+                fire = job.trigger.get_next_fire_time(fire, fire)
+            next_slot.append(fire.timestamp())
+    finally:
+        await scheduler.shutdown(0)
+    assert len(next_slot) == jobs
+    assert {slot_for(t, interval) for t in next_slot} == {slot + 60}
+    per_ten_seconds = Counter(int((t - slot - 60) // 10) for t in next_slot)
+    # Even: 200 each (sd 13). The old first runs put 100 + 1000/6 = 370 in the first 10 s.
+    assert max(per_ten_seconds.values()) < 260
