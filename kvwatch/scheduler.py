@@ -36,7 +36,7 @@ def job_id(endpoint: str, kind: ProbeKind) -> str:
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-# Probes in flight at once. Beyond the HTTP pool's connections (daemon.HTTP_LIMITS) extra
+# Probes in flight at once. Beyond the HTTP pools' connections (engines.clients) extra
 # probes only queue inside httpcore, whose pool rescans its whole queue for every request it
 # places: with a thousand endpoints firing together that scan starved the event loop and
 # every probe hit its deadline. Waiting here is cheap, and a probe's deadline only starts
