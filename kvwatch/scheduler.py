@@ -85,9 +85,8 @@ class ProbeScheduler:
     ) -> None:
         self._runner = runner
         self._scheduler = AsyncIOScheduler(timezone=UTC)
-        self._tasks: set[asyncio.Task[object]] = set()
-        # The same tasks by endpoint, so a removed endpoint's client is closed only after
-        # its last probe (see idle).
+        # Running probe tasks by endpoint, so a removed endpoint's client is closed only
+        # after its last probe (see idle).
         self._running: dict[str, set[asyncio.Task[object]]] = {}
         self._targets: dict[str, Target] = {}
         self._first_run_within = first_run_within
@@ -205,7 +204,7 @@ class ProbeScheduler:
 
     @property
     def in_flight(self) -> int:
-        return len(self._tasks)
+        return sum(map(len, self._running.values()))
 
     def run_slot_now(self, target: Target, kind: ProbeKind, slot: int) -> None:
         """Retry a slot whose claim expired (its replica died), outside the schedule."""
@@ -216,7 +215,6 @@ class ProbeScheduler:
     async def _run(self, target: Target, kind: ProbeKind, slot: int | None = None) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._tasks.add(task)
         running = self._running.setdefault(target.spec.name, set())
         running.add(task)
         scheduled = None
@@ -236,7 +234,6 @@ class ProbeScheduler:
             # A bug must not kill the job: the next interval tries again, and the log says why.
             log.exception("probe_crashed", endpoint=target.spec.name, kind=kind.value)
         finally:
-            self._tasks.discard(task)
             running.discard(task)
             if not running:
                 self._running.pop(target.spec.name, None)
@@ -245,7 +242,7 @@ class ProbeScheduler:
         """Stop scheduling, give in-flight probes ``grace`` seconds, then interrupt them."""
         if self._scheduler.running:
             self._scheduler.pause()
-        pending = set(self._tasks)
+        pending = set().union(*self._running.values())
         if pending:
             log.info("shutdown_waiting", in_flight=len(pending), grace_seconds=grace)
             _done, still = await asyncio.wait(pending, timeout=grace)
