@@ -14,7 +14,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kvwatch import __version__
-from kvwatch.canary.model import HEALTHY, Verdict
+from kvwatch.canary.model import HEALTHY, INCONCLUSIVE, Verdict
 
 # Up to 10 minutes: a 1M-token prefill on a busy engine legitimately takes minutes.
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180, 300, 450, 600)
@@ -183,8 +183,8 @@ class ProbeMetrics:
         series.counter(self.probes, verdict).inc()
         if not passed:
             series.counter(self.failures, verdict).inc()
-        # A throttled probe says nothing about correctness: keep the last real state.
-        if verdict is not Verdict.THROTTLED:
+        # A throttled or mis-sized probe says nothing about correctness: keep the last state.
+        if verdict not in INCONCLUSIVE:
             series.success.set(1 if passed else 0)
             series.show_verdict(self.last_verdict, verdict)
         series.last_run.set(ts)

@@ -32,6 +32,7 @@ from kvwatch.canary.model import (
     Placement,
     PlannedPrompt,
     ProbeKind,
+    Rejection,
     Severity,
     Verdict,
 )
@@ -39,6 +40,7 @@ from kvwatch.canary.planning import PlanningError, plan_prompt
 from kvwatch.canary.sizing import (
     SizingError,
     edge_prompt_tokens,
+    largest_accepted,
     served_window,
     target_prompt_tokens,
 )
@@ -46,17 +48,21 @@ from kvwatch.canary.verdicts import cross_tenant_markers, judge
 from kvwatch.capacity import assess, edge_pool
 from kvwatch.config import EndpointSpec, TenantSpec
 from kvwatch.engines.base import Discovery, Engine, EngineAuthError, ProgressCallback
+from kvwatch.engines.limits import stated_prompt_tokens
 from kvwatch.metrics import ProbeMetrics
 from kvwatch.served_window import ServedWindowTracker
 from kvwatch.store.errors import StoreError, StoreUnavailable
 from kvwatch.store.records import (
     AlertStateRecord,
+    CalibrationRecord,
     NewProbe,
     ProbeOutcome,
     ServedWindowRecord,
 )
 from kvwatch.store.repository import Store
 from kvwatch.tokens.base import TokenCounter
+from kvwatch.tokens.calibration import Calibration
+from kvwatch.tokens.estimate import EstimatingCounter
 from kvwatch.writebehind import PendingResult, ResultBuffer, SlotTaken
 
 EXCERPT_CHARS = 400
@@ -66,6 +72,21 @@ MAX_PLAUSIBLE_WINDOW = 2**27
 ERROR_BODY_CHARS = 2000
 
 log = structlog.get_logger("kvwatch.probe")
+
+# Re-plans of a probe whose estimated size missed its boundary, within one slot: each uses
+# what the miss taught (the engine's count, a wider margin), so a second is rare.
+MAX_RESIZES = 2
+# Kinds sized at the window's edge: an uncalibrated estimate is calibrated (one cheap
+# request) before one of them is planned, so its first run tests the boundary it names.
+_EDGE_SIZED = frozenset({ProbeKind.UNDER, ProbeKind.OVER, ProbeKind.EDGE})
+# Size of that cheap request, in estimated tokens: large enough that rounding and the chat
+# template are a small part of it, small enough to cost next to nothing.
+CALIBRATION_TOKENS = 1024
+# Verdicts whose reported count is the engine's count of the whole prompt as sent (not of a
+# cut or swapped one): only these teach an estimate.
+_COUNT_TRUSTED = frozenset(
+    {Verdict.PASS, Verdict.SIZING_MISS, Verdict.CANARY_INEFFECTIVE, Verdict.UNDER_REJECTED}
+)
 
 # The kinds that rotate through an endpoint's tenants: the canaries that fill the KV cache
 # (under) or probe past it (edge), where one request's pages can reach another's answer.
@@ -287,7 +308,22 @@ class ProbeRunner:
                     claim=claim,
                 )
             ]
-        first = reports[0]
+        attempt = 0
+        while reports[-1].verdict is Verdict.SIZING_MISS and attempt < MAX_RESIZES:
+            attempt += 1
+            reports.append(
+                await self.run(
+                    target,
+                    kind,
+                    progress=progress,
+                    slot=slot,
+                    tenant=tenant,
+                    claim=claim,
+                    attempt=attempt,
+                    trigger=reports[-1].probe_id,
+                )
+            )
+        first = reports[-1]  # the probe whose verdict stands for the slot
         if self._confirms(target, first.verdict):
             if kind is ProbeKind.CAPACITY:
                 again = await self._run_capacity(
@@ -334,9 +370,11 @@ class ProbeRunner:
         return target.spec.confirm and SEVERITY[verdict] is Severity.CRITICAL
 
     def _last_of_slot(
-        self, target: Target, kind: ProbeKind, verdict: Verdict, *, confirming: bool
+        self, target: Target, kind: ProbeKind, verdict: Verdict, *, confirming: bool, attempt: int
     ) -> bool:
         """Whether ``run_checked`` runs no further probe after this one (in step with it)."""
+        if verdict is Verdict.SIZING_MISS and not confirming and attempt < MAX_RESIZES:
+            return False
         if not confirming and self._confirms(target, verdict):
             return False
         return not _goes_to_edge(kind, verdict)
@@ -417,13 +455,16 @@ class ProbeRunner:
         size: int | None = None,
         trigger: int | None = None,
         claim: SlotClaim | None = None,
+        attempt: int = 0,
     ) -> ProbeReport:
         """One probe. ``tenant``: whose credentials the canary is sent with (default: the
         endpoint's identity, see :meth:`Target.tenant_of`); planning always uses the
         endpoint's own, as token counts do not depend on who asks. A ``bisect`` probe carries
         a prompt of ``size`` tokens and is linked to the failing probe that started its
-        search (``trigger``). With ``claim`` not yet claimed, its start claims the slot
-        (raises :class:`SlotTaken` if another replica has it; nothing is planned or sent)."""
+        search (``trigger``); a re-plan after a sizing miss carries its ``attempt`` number
+        and is linked to the probe that missed (``trigger``). With ``claim`` not yet claimed,
+        its start claims the slot (raises :class:`SlotTaken` if another replica has it;
+        nothing is planned or sent)."""
         spec = target.spec
         tenant = tenant or spec.default_tenant
         tenant_name = None if tenant is None else tenant.name
@@ -457,7 +498,10 @@ class ProbeRunner:
         try:
             failure: Judgement | None = None
             try:
-                plan = await self._plan(target, kind, marker, placements, size=size)
+                await self._calibration_for(target, kind)
+                plan = await self._plan(
+                    target, kind, marker, placements, size=size, attempt=attempt
+                )
             except EngineAuthError as exc:
                 failure = Judgement(Verdict.AUTH_ERROR, f"cannot plan the canary: {exc}")
             except (PlanningError, SizingError, WindowUnknown) as exc:
@@ -485,6 +529,8 @@ class ProbeRunner:
                     timeout=spec.timeouts[kind],
                     progress=progress,
                 )
+                if exchange.error_body and exchange.rejection is Rejection.CONTEXT_LENGTH:
+                    exchange.stated_prompt_tokens = stated_prompt_tokens(exchange.error_body)
                 foreign = await self._foreign_markers(exchange, plan.markers)
                 if kind is ProbeKind.EDGE:
                     judgement = judge_edge(plan, exchange, foreign, tenant=tenant_name)
@@ -501,13 +547,7 @@ class ProbeRunner:
                     )
                 if plan.note and judgement.verdict is not Verdict.PASS:
                     judgement.reason = f"{judgement.reason}; {plan.note}"
-                # A cut prompt's count is the window, not the prompt's size: learning from
-                # it would make every later canary of this endpoint too long.
-                if (
-                    exchange.prompt_tokens is not None
-                    and judgement.verdict is not Verdict.OVER_TRUNCATED
-                ):
-                    target.counter.observe(plan.planned_tokens, exchange.prompt_tokens)
+                await self._learn(target, plan, exchange, judgement.verdict)
         except asyncio.CancelledError:
             if probe_id is not None:
                 with contextlib.suppress(StoreError):
@@ -573,6 +613,119 @@ class ProbeRunner:
             trigger_probe_id=trigger,
         )
 
+    async def _calibration_for(self, target: Target, kind: ProbeKind) -> None:
+        """Make an estimating counter ready to size a probe of ``kind``: start from the
+        calibration stored for the endpoint (once per process), and before an edge-sized
+        probe with nothing learnt yet, learn the engine's count from one cheap request."""
+        counter = target.counter
+        if not isinstance(counter, EstimatingCounter):
+            return
+        async with counter.lock:
+            if not counter.restored:
+                counter.restored = True
+                try:
+                    stored = await asyncio.to_thread(self.store.calibrations, target.spec.name)
+                except StoreError as exc:
+                    log.warning("calibration_not_read", endpoint=target.spec.name, error=str(exc))
+                    stored = []
+                for record in stored:
+                    if record.token_source == counter.source and record.observations > 0:
+                        counter.calibration = Calibration(
+                            ratio=record.ratio,
+                            error=record.error,
+                            observations=record.observations,
+                        )
+            if counter.calibration.calibrated or kind not in _EDGE_SIZED:
+                return
+            try:
+                await self._calibrate(target, counter)
+            except Exception as exc:  # planning it failed: size this probe uncalibrated
+                log.warning(
+                    "calibration_failed",
+                    endpoint=target.spec.name,
+                    token_source=counter.source,
+                    reason=f"{type(exc).__name__}: {_short(str(exc))}",
+                )
+
+    async def _calibrate(self, target: Target, counter: EstimatingCounter) -> None:
+        """Send one short prompt built like a canary (same filler, one token of answer) and
+        learn from the count the engine reports. Not a probe: it judges nothing."""
+        spec = target.spec
+        rng = random.Random(secrets.randbits(64))
+        plan = await plan_prompt(
+            ProbeKind.BASELINE,
+            counter=counter,
+            target_tokens=CALIBRATION_TOKENS,
+            marker=markers.new_marker(),
+            max_tokens=1,
+            rng=rng,
+        )
+        exchange = await target.engine.chat(
+            plan.messages, max_tokens=1, stream=False, timeout=spec.timeouts[ProbeKind.BASELINE]
+        )
+        if exchange.error_body and exchange.rejection is Rejection.CONTEXT_LENGTH:
+            exchange.stated_prompt_tokens = stated_prompt_tokens(exchange.error_body)
+        reported = _engine_count(exchange)
+        if reported is None:
+            log.warning(
+                "calibration_failed",
+                endpoint=spec.name,
+                token_source=counter.source,
+                status=exchange.status,
+                reason=exchange.error_detail or "the engine reported no prompt token count",
+            )
+            return
+        before = counter.calibration
+        counter.observe(plan.planned_tokens, reported)
+        log.info(
+            "calibrated",
+            endpoint=spec.name,
+            token_source=counter.source,
+            planned_prompt_tokens=plan.planned_tokens,
+            reported_prompt_tokens=reported,
+            ratio=round(counter.calibration.ratio, 5),
+        )
+        await self._save_calibration(target, counter, before)
+
+    async def _learn(
+        self, target: Target, plan: PlannedPrompt, exchange: Exchange, verdict: Verdict
+    ) -> None:
+        """Teach an estimating counter the engine's count of a prompt it planned.
+
+        Only a count of the whole prompt as sent teaches: a cut or swapped prompt's count
+        (truncated, marker_missing, over_truncated: the window, or a 1-token placeholder)
+        would make every later canary of this endpoint the wrong size.
+        """
+        counter = target.counter
+        reported = _engine_count(exchange)
+        if not isinstance(counter, EstimatingCounter) or reported is None:
+            return
+        if verdict not in _COUNT_TRUSTED:
+            return
+        before = counter.calibration
+        counter.observe(plan.planned_tokens, reported)
+        await self._save_calibration(target, counter, before)
+
+    async def _save_calibration(
+        self, target: Target, counter: EstimatingCounter, before: Calibration
+    ) -> None:
+        after = counter.calibration
+        if after == before:
+            return
+        record = CalibrationRecord(
+            endpoint=target.spec.name,
+            token_source=counter.source,
+            ratio=after.ratio,
+            error=after.error,
+            observations=after.observations,
+            updated_at=self.clock(),
+        )
+        try:
+            await asyncio.to_thread(self.store.save_calibration, record)
+        except StoreError as exc:
+            # Kept in memory and saved with the next report: probing goes on.
+            log.warning("calibration_not_saved", endpoint=target.spec.name, error=str(exc))
+
     async def _plan(
         self,
         target: Target,
@@ -581,12 +734,14 @@ class ProbeRunner:
         placements: tuple[Placement, ...] = (),
         *,
         size: int | None = None,
+        attempt: int = 0,
     ) -> PlannedPrompt:
         spec = target.spec
         window = await self._window(target)
         counter = target.counter
-        # An estimated count keeps a margin so estimation error cannot cross the boundary.
-        margin = 0 if counter.exact else counter.tolerance(window)
+        # An estimated count keeps a margin of its calibrated error so that error cannot
+        # cross the boundary; a re-plan after a sizing miss widens it.
+        margin = 0 if counter.exact else counter.tolerance(window) * (1 + attempt)
         if kind is ProbeKind.BISECT:
             if size is None:
                 raise SizingError("a bisect probe needs a prompt size")
@@ -618,7 +773,7 @@ class ProbeRunner:
             depth = placements[0].depth
         else:
             depth = rng.choice(spec.marker_depths) if spec.marker_depths else 0.0
-        return await plan_prompt(
+        plan = await plan_prompt(
             kind,
             counter=counter,
             target_tokens=tokens,
@@ -628,6 +783,10 @@ class ProbeRunner:
             depth=depth,
             placements=placements,
         )
+        if kind not in (ProbeKind.UNDER, ProbeKind.OVER):
+            return plan
+        limit = largest_accepted(target.engine.rule, window=window, max_tokens=spec.max_tokens)
+        return dataclasses.replace(plan, accepts_up_to=limit, attempt=attempt)
 
     async def _window(self, target: Target) -> int:
         if target.window is None:
@@ -737,7 +896,13 @@ class ProbeRunner:
             claim is not None
             and claim.claimed
             and not claim.completed
-            and self._last_of_slot(target, kind, judgement.verdict, confirming=confirms is not None)
+            and self._last_of_slot(
+                target,
+                kind,
+                judgement.verdict,
+                confirming=confirms is not None,
+                attempt=plan.attempt if plan else 0,
+            )
         )
         t0 = time.perf_counter()
         stored_id = await self.results.finish(
@@ -821,6 +986,14 @@ class ProbeRunner:
 
 class WindowUnknown(Exception):
     pass
+
+
+def _engine_count(exchange: Exchange) -> int | None:
+    """The prompt tokens the engine says it counted: its usage, or what a context-length
+    rejection states."""
+    if exchange.prompt_tokens is not None:
+        return exchange.prompt_tokens
+    return exchange.stated_prompt_tokens
 
 
 def _goes_to_edge(kind: ProbeKind, verdict: Verdict) -> bool:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvwatch.canary.model import HEALTHY, Severity, Verdict
+from kvwatch.canary.model import HEALTHY, INCONCLUSIVE, Severity, Verdict
 
 CROSS_REQUEST_LEAK = "KVWatchCrossRequestLeak"
 CROSS_TENANT_LEAK = "KVWatchCrossTenantLeak"
@@ -42,7 +42,7 @@ _TUNABLE = frozenset({"fire_after", "resolve_after", "suppressed_by_canary", "se
 
 # Every verdict that is not an error of the probe itself shows the probe ran to completion,
 # which is what KVWatchProbeFailing is about.
-_PROBE_RAN = frozenset(Verdict) - {Verdict.ERROR, Verdict.AUTH_ERROR, Verdict.THROTTLED}
+_PROBE_RAN = frozenset(Verdict) - {Verdict.ERROR, Verdict.AUTH_ERROR} - INCONCLUSIVE
 
 
 class PolicyError(ValueError):

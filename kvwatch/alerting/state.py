@@ -31,7 +31,7 @@ from kvwatch.alerting.policy import (
     AlertingPolicy,
     AlertPolicy,
 )
-from kvwatch.canary.model import ForeignMarker, Severity, Verdict
+from kvwatch.canary.model import INCONCLUSIVE, ForeignMarker, Severity, Verdict
 
 # A description lists this many foreign markers; the probe page has the rest.
 _MAX_FOREIGN_IN_DESCRIPTION = 3
@@ -187,10 +187,10 @@ def evaluate(
     ``states`` must hold at least every known state of ``event.endpoint`` (its baseline state
     decides whether boundary alerts may fire). A verdict raises at most one alert; it counts
     as a recovery (or breaks a recovery streak) for every other alert of the same endpoint
-    and probe kind. ``throttled`` changes nothing.
+    and probe kind. An inconclusive verdict (``throttled``, ``sizing_miss``) changes nothing.
     """
     verdict = Verdict(event.verdict)
-    if verdict is Verdict.THROTTLED:
+    if verdict in INCONCLUSIVE:
         return []
     raised = policy.alert_for(verdict)
     keys = {k for k in states if k.endpoint == event.endpoint and k.probe == event.probe}

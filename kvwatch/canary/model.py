@@ -44,6 +44,10 @@ class Verdict(enum.StrEnum):
     ERROR = "error"
     AUTH_ERROR = "auth_error"
     THROTTLED = "throttled"
+    # A probe planned by an estimate whose size, in the engine's own count, missed the
+    # boundary it was meant to test (an over probe that fit, an under probe that did not):
+    # it proves nothing either way. Re-planned with what it taught, and never a page.
+    SIZING_MISS = "sizing_miss"
 
 
 class Severity(enum.StrEnum):
@@ -71,7 +75,12 @@ SEVERITY: dict[Verdict, Severity] = {
     Verdict.ERROR: Severity.WARNING,
     Verdict.AUTH_ERROR: Severity.WARNING,
     Verdict.THROTTLED: Severity.NONE,
+    Verdict.SIZING_MISS: Severity.NONE,
 }
+
+# Verdicts that say nothing about the endpoint's correctness (retry later, or re-plan): they
+# leave alert state and the success gauge as they were.
+INCONCLUSIVE: frozenset[Verdict] = frozenset({Verdict.THROTTLED, Verdict.SIZING_MISS})
 
 # What a healthy endpoint answers: pass, or, for the over probe of an engine that truncates
 # instead of refusing, the truncation it documents. These keep `kvwatch probe` at exit 0,
@@ -126,6 +135,8 @@ class Exchange:
     stream_error_frame: bool = False  # an SSE frame carrying an error arrived on a 2xx stream
     stream_terminated: bool = False  # the stream ended with its terminator ([DONE] or engine's)
     rejection: Rejection | None = None  # set for non-2xx bodies and error frames
+    # The prompt tokens a context-length rejection says the engine counted, where it says.
+    stated_prompt_tokens: int | None = None
     error_body: str | None = None  # the engine's error body, bounded
     ttfb_seconds: float | None = None
     total_seconds: float | None = None
@@ -191,6 +202,12 @@ class PlannedPrompt:
     # (several ``marker_depths``); empty for the usual single marker (``marker`` above is
     # then the only one, and with several it is the first of these).
     placements: tuple[Placement, ...] = ()
+    # The largest prompt the engine must accept by its own rule, for the window the probe
+    # was sized against. Set for under and over probes: with an estimated plan, a verdict
+    # about the boundary is drawn from the engine's count against it, not from the estimate.
+    accepts_up_to: int | None = None
+    # How many times this probe was re-planned after a sizing miss within its slot.
+    attempt: int = 0
 
     @property
     def markers(self) -> tuple[str, ...]:

@@ -229,12 +229,13 @@ async def plan_prompt(
                 note=swallowed_reason(base, total, text_tokens),
                 placements=ordered,
             )
-        # An estimate cannot be steered token by token; sizing already left it a margin.
-        fits = _acceptable(total, target_tokens, side) or not counter.exact
+        # An estimate is steered like an exact count (calibrated, it is the best prediction
+        # of the engine's count there is); sizing left it a margin for what it cannot know.
+        fits = _acceptable(total, target_tokens, side)
         if fits and (best is None or abs(target_tokens - total) < abs(target_tokens - best[0])):
             best = (total, list(pieces))
         diff = target_tokens - total
-        if diff == 0 or not counter.exact:
+        if diff == 0:
             break
         pieces = _correct(pieces, diff, costs, rng)
     if best is None:

@@ -42,6 +42,16 @@ def served_window(
     return min(window, max_prompt_tokens + 1)
 
 
+def largest_accepted(rule: AcceptanceRule, *, window: int, max_tokens: int) -> int:
+    """The largest prompt an engine with ``rule`` must accept in ``window`` when asked for
+    ``max_tokens``: the *over* probe is one token more."""
+    if rule is AcceptanceRule.PROMPT_PLUS_MAX_TOKENS:
+        return window - max_tokens
+    if rule is AcceptanceRule.PROMPT_UP_TO_WINDOW:
+        return window
+    return window - 1
+
+
 def target_prompt_tokens(
     kind: ProbeKind,
     *,
@@ -70,11 +80,7 @@ def target_prompt_tokens(
         return size
     if kind is not ProbeKind.OVER:
         raise SizingError(f"{kind} probes are not sized by the window (see edge_prompt_tokens)")
-    if rule is AcceptanceRule.PROMPT_PLUS_MAX_TOKENS:
-        return window - max_tokens + 1 + margin
-    if rule is AcceptanceRule.PROMPT_UP_TO_WINDOW:
-        return window + 1 + margin
-    return window + margin
+    return largest_accepted(rule, window=window, max_tokens=max_tokens) + 1 + margin
 
 
 def edge_prompt_tokens(

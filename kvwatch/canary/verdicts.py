@@ -8,6 +8,13 @@ to reach ``pass`` is through an explicit positive check for the probe's kind.
 A prompt that carries one marker per depth (several ``marker_depths``) passes only when the
 answer recalls every one of them; any other verdict's reason then says which part of the
 prompt was lost (:mod:`kvwatch.canary.localise`).
+
+A plan sized by an estimate (``plan.exact`` false: ``tokenizer: usage``, ``tiktoken:``,
+``hf:``) is judged as one. Whether a probe crossed the boundary is read from the engine's
+own count against the limit (``plan.accepts_up_to``), not from the estimate: an accepted over
+probe that the engine counts within its limit, or a rejected under probe it counts beyond
+it, did not test the boundary (``sizing_miss``, re-planned by the runner); and the slack
+allowed between planned and reported counts is the calibrated error (``plan.tolerance``).
 """
 
 from __future__ import annotations
@@ -137,7 +144,13 @@ def _judge_over(
             )
         if truncates_to is not None:
             return _judge_cut(plan, ex, verdict, truncates_to)
-        return verdict(V.OVER_ACCEPTED, f"over-limit prompt accepted with HTTP {status}")
+        missed = _missed_over(plan, ex)
+        if missed is not None:
+            return verdict(V.SIZING_MISS, missed)
+        return verdict(
+            V.OVER_ACCEPTED,
+            f"over-limit prompt accepted with HTTP {status}{_counted(plan, ex)}",
+        )
     if 400 <= status < 500 and ex.rejection is Rejection.CONTEXT_LENGTH:
         return verdict(V.PASS, f"rejected with HTTP {status} context-length error")
     if 400 <= status < 500:
@@ -187,9 +200,13 @@ def _judge_recall(
     status = ex.status or 0
     if 400 <= status < 500:
         if plan.kind is ProbeKind.UNDER and ex.rejection is Rejection.CONTEXT_LENGTH:
+            missed = _missed_under(plan, ex)
+            if missed is not None:
+                return verdict(V.SIZING_MISS, missed)
             return verdict(
                 V.UNDER_REJECTED,
-                f"{plan.planned_tokens}-token prompt rejected as too long (HTTP {status})",
+                f"{plan.planned_tokens}-token prompt rejected as too long (HTTP {status})"
+                + _counted(plan, ex),
             )
         return verdict(V.ERROR, _http(status, ex.error_detail, "request rejected"))
     if not 200 <= status < 300:
@@ -207,7 +224,8 @@ def _judge_recall(
     if drift < -plan.tolerance:
         return verdict(
             V.TRUNCATED,
-            f"engine read {ex.prompt_tokens} of {plan.planned_tokens} prompt tokens",
+            f"engine read {ex.prompt_tokens} of {plan.planned_tokens} prompt tokens"
+            + _estimated(plan),
         )
     if not found:
         if plan.kind is ProbeKind.BASELINE:
@@ -228,6 +246,62 @@ def _judge_recall(
             f"marker recalled; usage drift +{drift} tokens beyond tolerance: recalibrate",
         )
     return verdict(V.PASS, "marker recalled")
+
+
+def _missed_over(plan: PlannedPrompt, ex: Exchange) -> str | None:
+    """Why an accepted over probe proves nothing, or None when it proves the limit is not
+    enforced: planned by an estimate, and the engine's own count fits its limit."""
+    limit, reported = plan.accepts_up_to, ex.prompt_tokens
+    if plan.exact or limit is None or reported is None or reported > limit:
+        return None
+    return (
+        f"the engine counted {reported} prompt tokens where kvwatch estimated "
+        f"{plan.planned_tokens}: within its limit of {limit}, so it was right to accept; "
+        "re-planning with the engine's count"
+    )
+
+
+def _missed_under(plan: PlannedPrompt, ex: Exchange) -> str | None:
+    """Why a rejected under probe proves nothing, or None when it proves the window is not
+    served: planned by an estimate, and the engine's own count (or, when it states none, a
+    first attempt) says the prompt did not fit the limit the probe was sized against."""
+    limit, stated = plan.accepts_up_to, ex.stated_prompt_tokens
+    if plan.exact or limit is None:
+        return None
+    if stated is not None:
+        if stated <= limit:
+            return None
+        return (
+            f"the engine counted {stated} prompt tokens where kvwatch estimated "
+            f"{plan.planned_tokens}: over its limit of {limit}, so it was right to refuse; "
+            "re-planning with the engine's count"
+        )
+    if plan.attempt > 0:
+        return None
+    return (
+        f"{plan.planned_tokens}-token prompt (estimated) rejected as too long, and the engine "
+        "states no count: re-planning smaller before judging"
+    )
+
+
+def _counted(plan: PlannedPrompt, ex: Exchange) -> str:
+    """What the verdict rests on when the plan was an estimate: the engine's own count."""
+    if plan.exact:
+        return ""
+    count = ex.prompt_tokens if ex.prompt_tokens is not None else ex.stated_prompt_tokens
+    limit = "" if plan.accepts_up_to is None else f", limit {plan.accepts_up_to}"
+    if count is None:
+        return f" (planned by estimate at {plan.planned_tokens}; the engine stated no count)"
+    return (
+        f" (the engine counted {count} prompt tokens{limit}; "
+        f"kvwatch estimated {plan.planned_tokens})"
+    )
+
+
+def _estimated(plan: PlannedPrompt) -> str:
+    if plan.exact:
+        return ""
+    return f" (planned by estimate; a miss of up to {plan.tolerance} tokens is calibration error)"
 
 
 def _http(status: int, detail: str | None, fallback: str) -> str:

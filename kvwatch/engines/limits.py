@@ -86,6 +86,36 @@ _SHAPES: tuple[tuple[re.Pattern[str], Bound], ...] = tuple(
 
 _MAX_SCAN_CHARS = 64 * 1024
 
+# How many prompt tokens a context-length rejection says the engine counted. Each shape is
+# the wording of the engine named beside it (the same sources as the limits above).
+_COUNT_SHAPES: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(pattern, re.IGNORECASE)
+    for pattern in (
+        # vLLM v0.18+ (renderers/params.py): "your prompt contains N input tokens" (not
+        # "at least N": that is a bound it stopped counting at, not a count); earlier
+        # releases: "your request has N input tokens".
+        r"your prompt contains " + _N + r" input tokens",
+        r"your request has " + _N + r" input tokens",
+        # vLLM (older) and OpenAI: "you requested T tokens (N in the messages, M in the
+        # completion)"; OpenAI without max_tokens: "your messages resulted in N tokens".
+        r"\(" + _N + r" in the messages",
+        r"your messages resulted in " + _N + r" tokens",
+        # vLLM get_max_tokens: "Input length (N) exceeds model's maximum context length".
+        r"input length \(" + _N + r"\) exceeds",
+        # SGLang: "The input (N tokens) is longer than ..." and "... N tokens from the input
+        # messages"; llama.cpp: "request (N tokens) exceeds the available context size".
+        r"the input \(" + _N + r" tokens\)",
+        _N + r" tokens from the input messages",
+        r"request \(" + _N + r" tokens\) exceeds",
+        # TGI: "Given: N `inputs` tokens and M `max_new_tokens`".
+        r"given: " + _N + r" `inputs` tokens",
+        # Anthropic: "prompt is too long: N tokens > M maximum" and "input length and
+        # `max_tokens` exceed context limit: N + M > L".
+        r"prompt is too long: " + _N + r" tokens",
+        r"exceed context limit: " + _N + r" \+",
+    )
+)
+
 
 def stated_limit(body: str | None) -> StatedLimit | None:
     """The limit an error body states, or ``None`` when it names none we can read."""
@@ -113,4 +143,37 @@ def stated_limit(body: str | None) -> StatedLimit | None:
                 tokens = int(found.group(1).replace(",", ""))
                 if tokens > 0:
                     return StatedLimit(tokens, bound)
+    return None
+
+
+def stated_prompt_tokens(body: str | None) -> int | None:
+    """The prompt tokens an error body says the engine counted, or ``None``.
+
+    That count is the engine's own: a plan sized by an estimate learns from it, and a
+    rejected probe is judged by it (did the prompt really exceed the limit?).
+    """
+    if not body:
+        return None
+    text = body[:_MAX_SCAN_CHARS]
+    try:
+        payload: Any = json.loads(text)
+    except ValueError:
+        payload = None
+    # llama.cpp states it as a number beside the message.
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict):
+        n_prompt = error.get("n_prompt_tokens")
+        if isinstance(n_prompt, int) and not isinstance(n_prompt, bool) and n_prompt > 0:
+            return n_prompt
+    message = error_message(payload) if payload is not None else None
+    for candidate in (message, text):
+        if candidate is None:
+            continue
+        normal = " ".join(candidate.replace("\u2019", "'").split())
+        for pattern in _COUNT_SHAPES:
+            found = pattern.search(normal)
+            if found:
+                tokens = int(found.group(1).replace(",", ""))
+                if tokens > 0:
+                    return tokens
     return None

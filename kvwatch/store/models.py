@@ -300,3 +300,21 @@ Index(
 # is the first entry under one key. Without it, a prepared statement's generic plan walks
 # ix_probes_history backwards through the whole endpoint for a kind it never ran.
 Index("ix_probes_latest", Probe.endpoint, Probe.kind, Probe.state, Probe.started_at, Probe.id)
+
+
+class TokenCalibration(Base):
+    """What an endpoint's own token counts taught an estimating tokenizer (migration 0009).
+
+    One row per endpoint and tokenizer (``token_source``: ``usage``, ``tiktoken:…``,
+    ``hf:…``), replaced as reports arrive, so a restart or a one-shot ``kvwatch probe`` plans
+    from the calibration the last process reached instead of starting blind.
+    """
+
+    __tablename__ = "token_calibrations"
+
+    endpoint: Mapped[str] = mapped_column(String(200), primary_key=True)
+    token_source: Mapped[str] = mapped_column(String(300), primary_key=True)
+    ratio: Mapped[float] = mapped_column(Float)
+    error: Mapped[float] = mapped_column(Float)
+    observations: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime]

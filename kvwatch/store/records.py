@@ -126,6 +126,18 @@ class ProbeRow:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CalibrationRecord:
+    """An endpoint's token calibration as stored (see kvwatch.tokens.calibration)."""
+
+    endpoint: str
+    token_source: str
+    ratio: float
+    error: float
+    observations: int
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServedWindowRecord:
     """One measurement of what an endpoint really serves (see kvwatch.served_window)."""
 

@@ -38,9 +38,18 @@ from kvwatch.canary.model import ForeignMarker, ProbeState
 from kvwatch.store import rollups
 from kvwatch.store.errors import StoreError, StoreUnavailable
 from kvwatch.store.migrate import current_revision, head_revision
-from kvwatch.store.models import AlertState, Endpoint, Marker, Probe, ProbeSlot, ServedWindow
+from kvwatch.store.models import (
+    AlertState,
+    Endpoint,
+    Marker,
+    Probe,
+    ProbeSlot,
+    ServedWindow,
+    TokenCalibration,
+)
 from kvwatch.store.records import (
     AlertStateRecord,
+    CalibrationRecord,
     NewProbe,
     ProbeOutcome,
     ProbeRow,
@@ -525,6 +534,39 @@ class Store:
         are)."""
         with self._errors("could not save alert states"), self._write() as s:
             self._upsert_alert_states(s, records)
+
+    # -- token calibrations ---------------------------------------------------------------
+
+    def save_calibration(self, record: CalibrationRecord) -> None:
+        """Replace an endpoint's calibration for one tokenizer."""
+        values = dataclasses.asdict(record)
+        with self._errors("could not save a token calibration"), self._write() as s:
+            stmt = self._insert(s, TokenCalibration)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["endpoint", "token_source"],
+                set_={k: stmt.excluded[k] for k in values if k not in ("endpoint", "token_source")},
+            )
+            s.execute(stmt, [values])
+
+    def calibrations(self, endpoint: str | None = None) -> list[CalibrationRecord]:
+        """Stored calibrations (of one endpoint, or all), by endpoint and tokenizer."""
+        query = select(TokenCalibration).order_by(
+            TokenCalibration.endpoint, TokenCalibration.token_source
+        )
+        if endpoint is not None:
+            query = query.where(TokenCalibration.endpoint == endpoint)
+        with self._errors("could not read token calibrations"), self._sessions() as s:
+            return [
+                CalibrationRecord(
+                    endpoint=row.endpoint,
+                    token_source=row.token_source,
+                    ratio=row.ratio,
+                    error=row.error,
+                    observations=row.observations,
+                    updated_at=row.updated_at,
+                )
+                for row in s.scalars(query)
+            ]
 
     # -- served windows -------------------------------------------------------------------
 

@@ -1,19 +1,20 @@
 """Counting with a local tokenizer: tiktoken encodings or a Hugging Face ``tokenizer.json``.
 
-The text of each message is counted exactly; the chat template around it is not known
-locally, so its cost is estimated the way OpenAI documents it (about 3 tokens per message
-plus the role, and 3 tokens priming the reply). That makes the prompt count an estimate
-(``exact = False``) with a small tolerance, while piece counts (raw text) are exact.
+The text of each message is counted with the local tokenizer; the chat template around it is
+not known locally, so its cost is estimated the way OpenAI documents it (about 3 tokens per
+message plus the role, and 3 tokens priming the reply). The engine may also tokenize with a
+vocabulary that differs from the configured one, so the count is an estimate
+(``exact = False``), corrected like any other by the endpoint's calibration.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from kvwatch.canary.model import Message
+from kvwatch.tokens.estimate import EstimatingCounter
 
 if TYPE_CHECKING:
     import tiktoken
@@ -32,15 +33,7 @@ class MissingExtra(RuntimeError):
     """An optional dependency for a configured tokenizer is not installed."""
 
 
-def template_tolerance(planned: int) -> int:
-    """Slack for an estimated chat template: a few tokens per message and rounding."""
-    return 8 + math.ceil(planned / 1000)
-
-
-class _LocalCounter:
-    source: str
-    exact = False
-
+class _LocalCounter(EstimatingCounter):
     def _encode_len(self, text: str) -> int:
         raise NotImplementedError
 
@@ -54,17 +47,11 @@ class _LocalCounter:
             total += self._encode_len(message.content)
         return total
 
-    async def count_prompt(self, messages: Sequence[Message]) -> int:
+    async def _raw_prompt(self, messages: Sequence[Message]) -> int:
         return await _maybe_in_thread(sum(len(m.content) for m in messages), self._prompt, messages)
 
-    async def count_pieces(self, pieces: Sequence[str]) -> list[int]:
+    async def _raw_pieces(self, pieces: Sequence[str]) -> list[int]:
         return await _maybe_in_thread(sum(len(p) for p in pieces), self._encode_lens, list(pieces))
-
-    def tolerance(self, planned: int) -> int:
-        return template_tolerance(planned)
-
-    def observe(self, planned: int, reported: int) -> None:
-        return None
 
 
 async def _maybe_in_thread(chars: int, fn: Callable[[A], R], arg: A) -> R:
@@ -95,6 +82,7 @@ class TiktokenCounter(_LocalCounter):
                     f"cannot load tiktoken encoding {encoding_name!r}: {exc} (tiktoken fetches "
                     "encodings on first use; on an offline host fill TIKTOKEN_CACHE_DIR)"
                 ) from exc
+        super().__init__()
         self._encoding = encoding
         self.source = f"tiktoken:{encoding_name}"
 
@@ -121,6 +109,7 @@ class HFTokenizerCounter(_LocalCounter):
             self._tokenizer: tokenizers.Tokenizer = Tokenizer.from_file(path)
         except Exception as exc:  # the Rust side raises a bare Exception for a bad file
             raise ValueError(f"cannot load tokenizer {path!r}: {exc}") from exc
+        super().__init__()
         self.source = f"hf:{path}"
 
     def _encode_len(self, text: str) -> int:

@@ -81,11 +81,14 @@ async def test_tiktoken_counts_a_large_prompt_off_the_event_loop() -> None:
     assert await counter.count_prompt(big) == expected
 
 
-def test_tiktoken_tolerance_is_small_and_grows_with_size() -> None:
-    """Eight tokens plus 0.1 % of the plan."""
+async def test_tiktoken_counts_are_corrected_by_what_the_engine_reported() -> None:
+    """An engine whose vocabulary counts 5 % more is predicted after one report."""
     counter = TiktokenCounter("test_bytes", encoding=_byte_encoding())
-    assert counter.tolerance(1000) == 9
-    assert counter.tolerance(1_048_576) == 8 + 1049
+    messages = [Message("user", FILLER)]
+    raw = await counter.count_prompt(messages)
+    counter.observe(raw, round(raw * 1.05))
+    assert await counter.count_prompt(messages) == round(raw * 1.05)
+    assert counter.tolerance(100_000) < 5_000
 
 
 def test_tiktoken_refuses_an_unknown_encoding() -> None:

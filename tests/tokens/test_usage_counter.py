@@ -9,7 +9,8 @@ from kvwatch.canary.model import Message
 from kvwatch.engines.openai import OpenAIEngine
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import SimEndpoint
-from kvwatch.tokens.usage import INITIAL_CHARS_PER_TOKEN, UsageCalibratedCounter
+from kvwatch.tokens.calibration import Calibration
+from kvwatch.tokens.usage import CHARS_PER_TOKEN, UsageCalibratedCounter
 
 
 def _prompt(chars: int) -> list[Message]:
@@ -19,19 +20,19 @@ def _prompt(chars: int) -> list[Message]:
 async def test_it_starts_at_four_characters_per_token() -> None:
     """Before any observation a prompt costs chars / 4 plus the template estimate."""
     counter = UsageCalibratedCounter()
-    assert counter.chars_per_token == INITIAL_CHARS_PER_TOKEN
+    assert CHARS_PER_TOKEN == 4.0 and not counter.calibration.calibrated
     assert await counter.count_prompt(_prompt(4000)) == 1000 + 3 + 4
     assert await counter.count_pieces(["abcd" * 10, "", "ab"]) == [10, 0, 1]
     assert counter.exact is False and counter.source == "usage"
 
 
 async def test_one_observation_corrects_the_ratio_by_what_was_reported() -> None:
-    """A prompt reported at twice the plan halves the ratio, and the next plan is right."""
+    """A prompt reported at twice the plan doubles the ratio, and the next plan is right."""
     counter = UsageCalibratedCounter()
     planned = await counter.count_prompt(_prompt(8000))  # 2000 + 7
-    counter.observe(planned, 4007)  # the engine counts 2 chars per token
-    assert counter.chars_per_token == 2.0
-    assert await counter.count_prompt(_prompt(8000)) == 4007
+    counter.observe(planned, 4014)  # the engine counts 2 chars per token
+    assert counter.calibration.ratio == 2.0
+    assert await counter.count_prompt(_prompt(8000)) == 4014
 
 
 async def test_it_ignores_a_report_that_is_a_finding_not_a_calibration() -> None:
@@ -40,22 +41,21 @@ async def test_it_ignores_a_report_that_is_a_finding_not_a_calibration() -> None
     planned = await counter.count_prompt(_prompt(40_000))
     counter.observe(planned, 1)
     counter.observe(planned, planned * 5)
-    assert counter.chars_per_token == INITIAL_CHARS_PER_TOKEN
-    assert counter.observations == 0
+    assert counter.calibration == Calibration()
 
 
-async def test_it_scales_the_ratio_for_a_plan_it_did_not_make() -> None:
-    """An unknown planned size still corrects the ratio by planned/reported."""
+async def test_it_inverts_a_plan_it_did_not_make() -> None:
+    """An unknown planned size still corrects the ratio by reported/planned."""
     counter = UsageCalibratedCounter()
     counter.observe(1000, 1250)
-    assert counter.chars_per_token == 3.2
+    assert counter.calibration.ratio == 1.25
 
 
-def test_its_tolerance_is_sixteen_tokens_or_one_percent() -> None:
-    """Small prompts get 16 tokens of slack, large ones 1 %."""
-    counter = UsageCalibratedCounter()
-    assert counter.tolerance(500) == 16
-    assert counter.tolerance(1_000_000) == 10_000
+async def test_it_starts_from_a_stored_calibration() -> None:
+    """A counter given a calibration plans with it from the first prompt."""
+    counter = UsageCalibratedCounter(Calibration(ratio=0.5, error=0.01, observations=3))
+    assert await counter.count_prompt(_prompt(4000)) == round(1007 * 0.5)
+    assert counter.tolerance(100_000) == 3_000
 
 
 async def test_it_converges_on_the_simulators_reported_usage() -> None:
