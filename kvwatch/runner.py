@@ -61,7 +61,7 @@ from kvwatch.store.records import (
 )
 from kvwatch.store.repository import Store
 from kvwatch.tokens.base import TokenCounter
-from kvwatch.tokens.calibration import Calibration
+from kvwatch.tokens.calibration import Calibration, Calibrations
 from kvwatch.tokens.estimate import EstimatingCounter
 from kvwatch.writebehind import PendingResult, ResultBuffer, SlotTaken
 
@@ -79,9 +79,10 @@ MAX_RESIZES = 2
 # Kinds sized at the window's edge: an uncalibrated estimate is calibrated (one cheap
 # request) before one of them is planned, so its first run tests the boundary it names.
 _EDGE_SIZED = frozenset({ProbeKind.UNDER, ProbeKind.OVER, ProbeKind.EDGE})
-# Size of that cheap request, in estimated tokens: large enough that rounding and the chat
-# template are a small part of it, small enough to cost next to nothing.
-CALIBRATION_TOKENS = 1024
+# Size of that cheap request, in estimated tokens (at most half the window): large enough
+# that the canary's fixed text is a small part of it, small enough to cost next to nothing
+# beside a boundary canary.
+CALIBRATION_TOKENS = 4096
 # Verdicts whose reported count is the engine's count of the whole prompt as sent (not of a
 # cut or swapped one): only these teach an estimate.
 _COUNT_TRUSTED = frozenset(
@@ -628,14 +629,14 @@ class ProbeRunner:
                 except StoreError as exc:
                     log.warning("calibration_not_read", endpoint=target.spec.name, error=str(exc))
                     stored = []
-                for record in stored:
-                    if record.token_source == counter.source and record.observations > 0:
-                        counter.calibration = Calibration(
-                            ratio=record.ratio,
-                            error=record.error,
-                            observations=record.observations,
-                        )
-            if counter.calibration.calibrated or kind not in _EDGE_SIZED:
+                restored = tuple(
+                    (r.size_class, Calibration(r.ratio, r.error, r.observations))
+                    for r in stored
+                    if r.token_source == counter.source and r.observations > 0
+                )
+                if restored:
+                    counter.calibrations = Calibrations(restored)
+            if counter.calibrations.calibrated or kind not in _EDGE_SIZED:
                 return
             try:
                 await self._calibrate(target, counter)
@@ -652,10 +653,11 @@ class ProbeRunner:
         learn from the count the engine reports. Not a probe: it judges nothing."""
         spec = target.spec
         rng = random.Random(secrets.randbits(64))
+        window = await self._window(target)
         plan = await plan_prompt(
             ProbeKind.BASELINE,
             counter=counter,
-            target_tokens=CALIBRATION_TOKENS,
+            target_tokens=max(1, min(CALIBRATION_TOKENS, window // 2)),
             marker=markers.new_marker(),
             max_tokens=1,
             rng=rng,
@@ -675,7 +677,7 @@ class ProbeRunner:
                 reason=exchange.error_detail or "the engine reported no prompt token count",
             )
             return
-        before = counter.calibration
+        before = counter.calibrations
         counter.observe(plan.planned_tokens, reported)
         log.info(
             "calibrated",
@@ -683,7 +685,7 @@ class ProbeRunner:
             token_source=counter.source,
             planned_prompt_tokens=plan.planned_tokens,
             reported_prompt_tokens=reported,
-            ratio=round(counter.calibration.ratio, 5),
+            ratio=round(counter.calibrations.at(reported).ratio, 5),
         )
         await self._save_calibration(target, counter, before)
 
@@ -702,26 +704,32 @@ class ProbeRunner:
             return
         if verdict not in _COUNT_TRUSTED:
             return
-        before = counter.calibration
+        before = counter.calibrations
         counter.observe(plan.planned_tokens, reported)
         await self._save_calibration(target, counter, before)
 
     async def _save_calibration(
-        self, target: Target, counter: EstimatingCounter, before: Calibration
+        self, target: Target, counter: EstimatingCounter, before: Calibrations
     ) -> None:
-        after = counter.calibration
-        if after == before:
+        old = dict(before.by_class)
+        now = self.clock()
+        records = [
+            CalibrationRecord(
+                endpoint=target.spec.name,
+                token_source=counter.source,
+                size_class=size_class,
+                ratio=c.ratio,
+                error=c.error,
+                observations=c.observations,
+                updated_at=now,
+            )
+            for size_class, c in counter.calibrations.by_class
+            if old.get(size_class) != c
+        ]
+        if not records:
             return
-        record = CalibrationRecord(
-            endpoint=target.spec.name,
-            token_source=counter.source,
-            ratio=after.ratio,
-            error=after.error,
-            observations=after.observations,
-            updated_at=self.clock(),
-        )
         try:
-            await asyncio.to_thread(self.store.save_calibration, record)
+            await asyncio.to_thread(self.store.save_calibrations, records)
         except StoreError as exc:
             # Kept in memory and saved with the next report: probing goes on.
             log.warning("calibration_not_saved", endpoint=target.spec.name, error=str(exc))

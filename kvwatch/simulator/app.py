@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from kvwatch.canary.model import Message
-from kvwatch.simulator import errors, tokenizer
+from kvwatch.simulator import errors
 from kvwatch.simulator.model import (
     Answer,
     ChatRequest,
@@ -271,7 +271,7 @@ async def tokenize(request: Request) -> Response:
             state.stats.tokenize_calls += 1
             offsets, start = [], 0
             for piece, token_id in zip(
-                tokenizer.tokenize(inputs), tokenizer.token_ids(inputs), strict=True
+                state.tokenizer.tokenize(inputs), state.tokenizer.token_ids(inputs), strict=True
             ):
                 offsets.append(
                     {"id": token_id, "text": piece, "start": start, "stop": start + len(piece)}
@@ -285,12 +285,12 @@ async def tokenize(request: Request) -> Response:
             state.stats.tokenize_calls += 1
             # The simulator's vocabulary has no BOS token, so add_special changes nothing.
             if body.get("with_pieces"):
-                pieces = tokenizer.tokenize(content)
-                ids = tokenizer.token_ids(content)
+                pieces = state.tokenizer.tokenize(content)
+                ids = state.tokenizer.token_ids(content)
                 return JSONResponse(
                     {"tokens": [{"id": i, "piece": p} for i, p in zip(ids, pieces, strict=True)]}
                 )
-            return JSONResponse({"tokens": tokenizer.token_ids(content)})
+            return JSONResponse({"tokens": state.tokenizer.token_ids(content)})
         if "messages" in body:  # vLLM TokenizeChatRequest
             text = render_chat(
                 _messages(body["messages"]),
@@ -305,13 +305,13 @@ async def tokenize(request: Request) -> Response:
     except _BadRequest as exc:
         return _error(state, 400, str(exc), exc.param)
     state.stats.tokenize_calls += 1
-    ids = tokenizer.token_ids(text)
+    ids = state.tokenizer.token_ids(text)
     return JSONResponse(
         {
             "count": len(ids),
             "max_model_len": state.spec.window,
             "tokens": ids,
-            "token_strs": tokenizer.tokenize(text) if body.get("return_token_strs") else None,
+            "token_strs": state.tokenizer.tokenize(text) if body.get("return_token_strs") else None,
         }
     )
 

@@ -174,10 +174,23 @@ class EndpointState:
         self.fault = spec.fault
         self.pool = KVPagePool(spec.pool_tokens)
         self.stats = EndpointStats()
+        self._tokenizer = tokenizer.Tokenizer(spec.token_skew)
+
+    @property
+    def tokenizer(self) -> tokenizer.Tokenizer:
+        """The vocabulary it counts with now (a drifting one moves with its requests)."""
+        if self.spec.token_skew_drift:
+            drifted = self.spec.token_skew + self.spec.token_skew_drift * (
+                self.stats.requests / 1000
+            )
+            skew = round(max(-tokenizer.MAX_SKEW, min(tokenizer.MAX_SKEW, drifted)), 4)
+            if skew != self._tokenizer.skew:
+                self._tokenizer = tokenizer.Tokenizer(skew)
+        return self._tokenizer
 
     def handle(self, request: ChatRequest) -> Decision:
         """Decide on ``request`` and record its effects (counters, KV pages)."""
-        decision = decide(self.spec, self.fault, self.pool, request)
+        decision = decide(self.spec, self.fault, self.pool, request, self.tokenizer)
         self.record(decision, tenant=request.tenant)
         return decision
 
@@ -249,8 +262,15 @@ def _answer(
     )
 
 
-def decide(spec: SimEndpoint, fault: FaultMode, pool: KVPagePool, request: ChatRequest) -> Decision:
-    """What the engine does with ``request``. Reads ``pool``, changes nothing."""
+def decide(
+    spec: SimEndpoint,
+    fault: FaultMode,
+    pool: KVPagePool,
+    request: ChatRequest,
+    vocabulary: tokenizer.Tokenizer = tokenizer.PLAIN,
+) -> Decision:
+    """What the engine does with ``request``, counting with ``vocabulary``. Reads ``pool``,
+    changes nothing."""
     flavour = spec.flavour
     if fault is FaultMode.THROTTLED:
         return Reject(
@@ -262,7 +282,7 @@ def decide(spec: SimEndpoint, fault: FaultMode, pool: KVPagePool, request: ChatR
         return Reject(500, errors.error_body(flavour, 500, "Internal server error"))
 
     prompt_text = request.prompt_text()
-    sent = tokenizer.count(prompt_text)
+    sent = vocabulary.count(prompt_text)
     window, pool_tokens, max_tokens = spec.window, spec.pool_tokens, request.max_tokens
 
     if (
@@ -303,8 +323,8 @@ def decide(spec: SimEndpoint, fault: FaultMode, pool: KVPagePool, request: ChatR
         # the first OLLAMA_KEEP tokens and the tail (runner.go NewSequence). The marker is
         # gone. With accept_over_limit it reads the whole prompt instead, as an engine whose
         # context is larger than it advertises would.
-        head = prompt_text[: tokenizer.char_offset(prompt_text, OLLAMA_KEEP)]
-        tail = prompt_text[tokenizer.char_offset(prompt_text, sent - (window - OLLAMA_KEEP)) :]
+        head = prompt_text[: vocabulary.char_offset(prompt_text, OLLAMA_KEEP)]
+        tail = prompt_text[vocabulary.char_offset(prompt_text, sent - (window - OLLAMA_KEEP)) :]
         kept = head + tail
         return _answer(
             kept,
@@ -323,7 +343,7 @@ def decide(spec: SimEndpoint, fault: FaultMode, pool: KVPagePool, request: ChatR
         return attended_tokens if spec.report_usage == "attended" else sent
 
     if over_window:  # only ACCEPT_OVER_LIMIT gets here: the context holds the first window.
-        kept = prompt_text[: tokenizer.char_offset(prompt_text, window)]
+        kept = prompt_text[: vocabulary.char_offset(prompt_text, window)]
         return _answer(
             kept,
             limit=limit,
@@ -345,9 +365,9 @@ def decide(spec: SimEndpoint, fault: FaultMode, pool: KVPagePool, request: ChatR
         )
     if over_pool and fault in (FaultMode.TRUNCATE_HEAD, FaultMode.TRUNCATE_TAIL):
         if fault is FaultMode.TRUNCATE_HEAD:
-            kept = prompt_text[tokenizer.char_offset(prompt_text, sent - pool_tokens) :]
+            kept = prompt_text[vocabulary.char_offset(prompt_text, sent - pool_tokens) :]
         else:
-            kept = prompt_text[: tokenizer.char_offset(prompt_text, pool_tokens)]
+            kept = prompt_text[: vocabulary.char_offset(prompt_text, pool_tokens)]
         return _answer(
             kept,
             limit=limit,

@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from kvwatch.canary.model import Message
-from kvwatch.simulator import errors, tokenizer
+from kvwatch.simulator import errors
 from kvwatch.simulator.app import (
     _authorised,
     _BadRequest,
@@ -181,7 +181,9 @@ async def tgi_chat_tokenize(request: Request) -> Response:
     text = render_chat(_messages(body.get("messages")))
     state.stats.tokenize_calls += 1
     tokens, start = [], 0
-    for piece, token_id in zip(tokenizer.tokenize(text), tokenizer.token_ids(text), strict=True):
+    for piece, token_id in zip(
+        state.tokenizer.tokenize(text), state.tokenizer.token_ids(text), strict=True
+    ):
         tokens.append({"id": token_id, "text": piece, "start": start, "stop": start + len(piece)})
         start += len(piece)
     return JSONResponse({"tokenize_response": tokens, "templated_text": text})
@@ -541,7 +543,7 @@ async def anthropic_count_tokens(request: Request) -> Response:
     if isinstance(system, str) and system:
         messages = (Message("system", system), *messages)
     state.stats.tokenize_calls += 1
-    return JSONResponse({"input_tokens": tokenizer.count(render_chat(messages))})
+    return JSONResponse({"input_tokens": state.tokenizer.count(render_chat(messages))})
 
 
 async def anthropic_model(request: Request) -> Response:

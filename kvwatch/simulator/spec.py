@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from kvwatch.simulator.tokenizer import MAX_SKEW
+
 # Endpoint names become URL path segments; names starting with "_" are reserved for the
 # control API (``/_sim/...``).
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -90,6 +92,11 @@ class SimEndpoint:
     flavour: Flavour = Flavour.VLLM
     # TGI only: its prompt cap (default window - 1, as TGI sets it when not given).
     max_input_tokens: int | None = None
+    # Its vocabulary counts this fraction more (or, negative, fewer) tokens than the
+    # simulator's own for the same text, and moves by ``token_skew_drift`` per 1,000 requests
+    # (another model's tokenizer; one redeployed with another): see tokenizer.Tokenizer.
+    token_skew: float = 0.0
+    token_skew_drift: float = 0.0
 
     def __post_init__(self) -> None:
         if not _NAME_RE.fullmatch(self.name):
@@ -103,6 +110,8 @@ class SimEndpoint:
             raise ValueError(f"endpoint {self.name}: kv_pool must be a positive integer")
         if self.report_usage not in ("attended", "sent"):
             raise ValueError(f"endpoint {self.name}: report_usage must be 'attended' or 'sent'")
+        if not -MAX_SKEW <= self.token_skew <= MAX_SKEW:
+            raise ValueError(f"endpoint {self.name}: token_skew must be within ±{MAX_SKEW}")
         if self.prefill_tokens_per_second < 0 or self.ttfb_delay < 0:
             raise ValueError(f"endpoint {self.name}: latencies must not be negative")
         object.__setattr__(self, "tenant_keys", tuple(self.tenant_keys))

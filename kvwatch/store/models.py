@@ -305,15 +305,17 @@ Index("ix_probes_latest", Probe.endpoint, Probe.kind, Probe.state, Probe.started
 class TokenCalibration(Base):
     """What an endpoint's own token counts taught an estimating tokenizer (migration 0009).
 
-    One row per endpoint and tokenizer (``token_source``: ``usage``, ``tiktoken:…``,
-    ``hf:…``), replaced as reports arrive, so a restart or a one-shot ``kvwatch probe`` plans
-    from the calibration the last process reached instead of starting blind.
+    One row per endpoint, tokenizer (``token_source``: ``usage``, ``tiktoken:…``, ``hf:…``)
+    and size class (the octave of prompt sizes it was learnt at), replaced as reports
+    arrive, so a restart or a one-shot ``kvwatch probe`` plans from the calibration the last
+    process reached instead of starting blind.
     """
 
     __tablename__ = "token_calibrations"
 
     endpoint: Mapped[str] = mapped_column(String(200), primary_key=True)
     token_source: Mapped[str] = mapped_column(String(300), primary_key=True)
+    size_class: Mapped[int] = mapped_column(Integer, primary_key=True)
     ratio: Mapped[float] = mapped_column(Float)
     error: Mapped[float] = mapped_column(Float)
     observations: Mapped[int] = mapped_column(Integer)

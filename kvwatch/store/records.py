@@ -131,6 +131,7 @@ class CalibrationRecord:
 
     endpoint: str
     token_source: str
+    size_class: int  # the octave of prompt sizes it was learnt at (log2 of tokens, rounded)
     ratio: float
     error: float
     observations: int

@@ -537,21 +537,24 @@ class Store:
 
     # -- token calibrations ---------------------------------------------------------------
 
-    def save_calibration(self, record: CalibrationRecord) -> None:
-        """Replace an endpoint's calibration for one tokenizer."""
-        values = dataclasses.asdict(record)
+    def save_calibrations(self, records: Sequence[CalibrationRecord]) -> None:
+        """Replace an endpoint's calibrations for one tokenizer, size class by size class."""
+        rows = [dataclasses.asdict(r) for r in records]
+        if not rows:
+            return
+        key = ("endpoint", "token_source", "size_class")
         with self._errors("could not save a token calibration"), self._write() as s:
             stmt = self._insert(s, TokenCalibration)
             stmt = stmt.on_conflict_do_update(
-                index_elements=["endpoint", "token_source"],
-                set_={k: stmt.excluded[k] for k in values if k not in ("endpoint", "token_source")},
+                index_elements=list(key),
+                set_={k: stmt.excluded[k] for k in rows[0] if k not in key},
             )
-            s.execute(stmt, [values])
+            s.execute(stmt, rows)
 
     def calibrations(self, endpoint: str | None = None) -> list[CalibrationRecord]:
         """Stored calibrations (of one endpoint, or all), by endpoint and tokenizer."""
         query = select(TokenCalibration).order_by(
-            TokenCalibration.endpoint, TokenCalibration.token_source
+            TokenCalibration.endpoint, TokenCalibration.token_source, TokenCalibration.size_class
         )
         if endpoint is not None:
             query = query.where(TokenCalibration.endpoint == endpoint)
@@ -560,6 +563,7 @@ class Store:
                 CalibrationRecord(
                     endpoint=row.endpoint,
                     token_source=row.token_source,
+                    size_class=row.size_class,
                     ratio=row.ratio,
                     error=row.error,
                     observations=row.observations,

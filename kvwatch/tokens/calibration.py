@@ -26,11 +26,11 @@ UNCALIBRATED_ERROR = 0.15
 # followed within a few probes, while one odd prompt cannot swing the next plan alone.
 LEARNING_RATE = 0.5
 # Margin and slack are this many typical errors wide: a miss beyond it is evidence.
-ERROR_SPAN = 3.0
+ERROR_SPAN = 4.0
 # Never trust an estimate closer than this, however well it has done: filler differs per
 # probe, and rounding over a long prompt adds up. Measured (bench calibration): after five
 # reports the simulator's skewed tokenizers were predicted within 0.1-0.3 %.
-MIN_RELATIVE_ERROR = 0.004
+MIN_RELATIVE_ERROR = 0.005
 MIN_TOLERANCE_TOKENS = 16
 # A report this far from the estimate is not a counting difference but a finding (a prompt
 # swapped for a 1-token placeholder, a cut one): learning from it would hide the next one.
@@ -102,3 +102,60 @@ class Calibration:
             f"{'s' if self.observations != 1 else ''}, typical miss "
             f"{self.relative_error():.2%}"
         )
+
+
+# A calibration learnt at another prompt size is trusted less, by this much per octave
+# between the sizes: the fixed text of a canary (instruction, marker, question) is tokenized
+# at its own density, so its share of the count, and the ratio, change with size. Measured
+# on the simulator's skewed vocabularies: a ratio learnt at 1,536 tokens missed an 8,192-token
+# prompt by 4.6 % (2.4 octaves).
+ERROR_PER_OCTAVE = 0.02
+
+
+def size_class(tokens: int) -> int:
+    """The octave a prompt of ``tokens`` belongs to (calibrations are kept per octave)."""
+    return max(0, round(math.log2(max(1, tokens))))
+
+
+@dataclass(frozen=True, slots=True)
+class Calibrations:
+    """An endpoint's calibrations, one per prompt size class (octave).
+
+    Under and over probes are near the window and learn its class; the baseline and the
+    calibration request learn theirs. A size with no calibration of its own borrows the
+    nearest one with its error widened by the distance, so the first boundary probe after
+    a short calibration keeps a margin that covers the difference.
+    """
+
+    by_class: tuple[tuple[int, Calibration], ...] = ()
+
+    @property
+    def calibrated(self) -> bool:
+        return any(c.calibrated for _, c in self.by_class)
+
+    def at(self, tokens: int) -> Calibration:
+        """The calibration to size and judge a prompt of about ``tokens`` with."""
+        wanted = size_class(tokens)
+        learnt = [(abs(k - wanted), k, c) for k, c in self.by_class if c.calibrated]
+        if not learnt:
+            return Calibration()
+        distance, _, nearest = min(learnt)
+        if distance == 0:
+            return nearest
+        error = max(nearest.error, min(UNCALIBRATED_ERROR, ERROR_PER_OCTAVE * distance))
+        return Calibration(ratio=nearest.ratio, error=error, observations=nearest.observations)
+
+    def learn(self, raw: int, reported: int) -> Calibrations:
+        """Learn from one report, in the size class of the prompt it is about."""
+        key = size_class(reported)
+        current = dict(self.by_class)
+        own = current.get(key)
+        if own is None:
+            # A new class starts from the nearest one's ratio (its best guess) but counts
+            # nothing: its first own report replaces that ratio.
+            own = Calibration(ratio=self.at(reported).ratio)
+        learnt = own.learn(raw, reported)
+        if learnt == own:
+            return self
+        current[key] = learnt
+        return Calibrations(tuple(sorted(current.items())))

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from kvwatch.canary.model import Message
-from kvwatch.tokens.calibration import Calibration
+from kvwatch.tokens.calibration import Calibrations
 
 # Plans whose raw estimate is remembered until the engine reports on them: a few probes of
 # one endpoint are in flight at once at most, so this bounds memory, not accuracy.
@@ -24,8 +24,8 @@ class EstimatingCounter:
     source: str
     exact = False
 
-    def __init__(self, calibration: Calibration | None = None) -> None:
-        self.calibration = calibration or Calibration()
+    def __init__(self, calibrations: Calibrations | None = None) -> None:
+        self.calibrations = calibrations or Calibrations()
         # The runner's: the stored calibration was read (once per process), and one
         # calibration request at a time.
         self.restored = False
@@ -41,7 +41,7 @@ class EstimatingCounter:
 
     async def count_prompt(self, messages: Sequence[Message]) -> int:
         raw = await self._raw_prompt(messages)
-        planned = self.calibration.estimate(raw)
+        planned = self._predict(raw)
         self._raw_of[planned] = raw
         self._raw_of.move_to_end(planned)
         while len(self._raw_of) > _REMEMBERED_PLANS:
@@ -49,15 +49,23 @@ class EstimatingCounter:
         return planned
 
     async def count_pieces(self, pieces: Sequence[str]) -> list[int]:
-        estimate = self.calibration.estimate
+        # Filler pieces are scaled by the calibration of the largest prompts learnt (the
+        # window's, where precision matters); the planner's verification corrects the rest.
+        learnt = [c for _, c in self.calibrations.by_class if c.calibrated]
+        estimate = learnt[-1].estimate if learnt else self.calibrations.at(0).estimate
         return [estimate(n) for n in await self._raw_pieces(pieces)]
 
     def tolerance(self, planned: int) -> int:
-        return self.calibration.tolerance(planned)
+        return self.calibrations.at(planned).tolerance(planned)
 
     def observe(self, planned: int, reported: int) -> None:
         """Learn from the engine's count of a prompt this counter planned at ``planned``."""
         raw = self._raw_of.get(planned)
         if raw is None:  # a plan this counter did not make (or long forgotten): invert it
-            raw = max(1, round(planned / self.calibration.ratio))
-        self.calibration = self.calibration.learn(raw, reported)
+            raw = max(1, round(planned / self.calibrations.at(planned).ratio))
+        self.calibrations = self.calibrations.learn(raw, reported)
+
+    def _predict(self, raw: int) -> int:
+        # The size class is the engine's count, which is what the calibration is kept by.
+        rough = self.calibrations.at(raw).estimate(raw)
+        return self.calibrations.at(rough).estimate(raw)

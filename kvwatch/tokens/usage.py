@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvwatch.canary.model import Message
-from kvwatch.tokens.calibration import Calibration
+from kvwatch.tokens.calibration import Calibrations
 from kvwatch.tokens.estimate import EstimatingCounter
 
 # English text on most BPE vocabularies; the calibration corrects it for the engine's own.
@@ -24,8 +24,8 @@ TEMPLATE_TOKENS_FIXED = 3
 class UsageCalibratedCounter(EstimatingCounter):
     source = "usage"
 
-    def __init__(self, calibration: Calibration | None = None) -> None:
-        super().__init__(calibration)
+    def __init__(self, calibrations: Calibrations | None = None) -> None:
+        super().__init__(calibrations)
 
     async def _raw_prompt(self, messages: Sequence[Message]) -> int:
         chars = sum(len(m.content) for m in messages)
