@@ -22,9 +22,12 @@ from dataclasses import dataclass
 # token is English on BPE vocabularies; code, CJK text or another vocabulary differ by tens
 # of percent): the first boundary probes keep a wide margin until a report arrives.
 UNCALIBRATED_ERROR = 0.15
-# Weight of a new report: one report corrects most of the ratio, and a drifting engine is
-# followed within a few probes, while one odd prompt cannot swing the next plan alone.
-LEARNING_RATE = 0.5
+# Weight of a new report in the ratio: a drifting engine is followed within a few probes,
+# while one odd prompt cannot swing the next plan alone.
+LEARNING_RATE = 0.3
+# Weight of a new miss in the typical error: slower, so that a run of lucky probes does not
+# shrink the slack below what the next ordinary one needs (it estimates a spread, not a level).
+ERROR_LEARNING_RATE = 0.1
 # Margin and slack are this many typical errors wide: a miss beyond it is evidence.
 ERROR_SPAN = 4.0
 # Never trust an estimate closer than this, however well it has done: filler differs per
@@ -32,6 +35,11 @@ ERROR_SPAN = 4.0
 # reports the simulator's skewed tokenizers were predicted within 0.1-0.3 %.
 MIN_RELATIVE_ERROR = 0.005
 MIN_TOLERANCE_TOKENS = 16
+# Counting noise grows with the square root of a prompt's size (each filler sentence is
+# counted a little differently by two vocabularies): short prompts keep this many times
+# sqrt(tokens) of slack, whatever their record. Measured: a 512-token baseline on the
+# simulator's 4 %-skewed vocabulary missed by up to 22 tokens.
+SQRT_SPAN = 2.0
 # A report this far from the estimate is not a counting difference but a finding (a prompt
 # swapped for a 1-token placeholder, a cut one): learning from it would hide the next one.
 PLAUSIBLE_BAND = (0.5, 2.0)
@@ -67,7 +75,8 @@ class Calibration:
 
     def tolerance(self, planned: int) -> int:
         """Tokens a prediction of ``planned`` may miss by without that meaning anything."""
-        span = ERROR_SPAN * self.relative_error() * max(0, planned)
+        size = max(0, planned)
+        span = max(ERROR_SPAN * self.relative_error() * size, SQRT_SPAN * math.sqrt(size))
         return max(MIN_TOLERANCE_TOKENS, math.ceil(span))
 
     def learn(self, raw: int, reported: int) -> Calibration:
@@ -87,7 +96,7 @@ class Calibration:
             ratio, error = measured, MIN_RELATIVE_ERROR * 2
         else:
             ratio = (1 - LEARNING_RATE) * self.ratio + LEARNING_RATE * measured
-            error = (1 - LEARNING_RATE) * self.error + LEARNING_RATE * miss
+            error = (1 - ERROR_LEARNING_RATE) * self.error + ERROR_LEARNING_RATE * miss
         return Calibration(
             ratio=min(_MAX_RATIO, max(_MIN_RATIO, ratio)),
             error=min(1.0, error),

@@ -9,7 +9,7 @@ from kvwatch.canary.model import Message
 from kvwatch.engines.openai import OpenAIEngine
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import SimEndpoint
-from kvwatch.tokens.calibration import Calibration
+from kvwatch.tokens.calibration import Calibration, Calibrations
 from kvwatch.tokens.usage import CHARS_PER_TOKEN, UsageCalibratedCounter
 
 
@@ -20,7 +20,7 @@ def _prompt(chars: int) -> list[Message]:
 async def test_it_starts_at_four_characters_per_token() -> None:
     """Before any observation a prompt costs chars / 4 plus the template estimate."""
     counter = UsageCalibratedCounter()
-    assert CHARS_PER_TOKEN == 4.0 and not counter.calibration.calibrated
+    assert CHARS_PER_TOKEN == 4.0 and not counter.calibrations.calibrated
     assert await counter.count_prompt(_prompt(4000)) == 1000 + 3 + 4
     assert await counter.count_pieces(["abcd" * 10, "", "ab"]) == [10, 0, 1]
     assert counter.exact is False and counter.source == "usage"
@@ -31,7 +31,7 @@ async def test_one_observation_corrects_the_ratio_by_what_was_reported() -> None
     counter = UsageCalibratedCounter()
     planned = await counter.count_prompt(_prompt(8000))  # 2000 + 7
     counter.observe(planned, 4014)  # the engine counts 2 chars per token
-    assert counter.calibration.ratio == 2.0
+    assert counter.calibrations.at(4014).ratio == 2.0
     assert await counter.count_prompt(_prompt(8000)) == 4014
 
 
@@ -41,21 +41,21 @@ async def test_it_ignores_a_report_that_is_a_finding_not_a_calibration() -> None
     planned = await counter.count_prompt(_prompt(40_000))
     counter.observe(planned, 1)
     counter.observe(planned, planned * 5)
-    assert counter.calibration == Calibration()
+    assert counter.calibrations == Calibrations()
 
 
 async def test_it_inverts_a_plan_it_did_not_make() -> None:
     """An unknown planned size still corrects the ratio by reported/planned."""
     counter = UsageCalibratedCounter()
     counter.observe(1000, 1250)
-    assert counter.calibration.ratio == 1.25
+    assert counter.calibrations.at(1250).ratio == 1.25
 
 
 async def test_it_starts_from_a_stored_calibration() -> None:
     """A counter given a calibration plans with it from the first prompt."""
-    counter = UsageCalibratedCounter(Calibration(ratio=0.5, error=0.01, observations=3))
+    stored = Calibrations(((9, Calibration(ratio=0.5, error=0.01, observations=3)),))
+    counter = UsageCalibratedCounter(stored)
     assert await counter.count_prompt(_prompt(4000)) == round(1007 * 0.5)
-    assert counter.tolerance(100_000) == 3_000
 
 
 async def test_it_converges_on_the_simulators_reported_usage() -> None:
