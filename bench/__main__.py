@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("planner", "detection", "history", "soak", "scale", "served")
+BENCHMARKS = ("planner", "calibration", "detection", "history", "soak", "scale", "served")
 
 
 def main(argv: list[str]) -> int:

@@ -13,6 +13,7 @@ import click
 from kvwatch import __version__, logs
 from kvwatch.canary.model import HEALTHY, DepthOutcome, ProbeKind, Verdict
 from kvwatch.config import Config, ConfigError, EndpointSpec, capacity_violations, load_config
+from kvwatch.engines.base import Engine
 from kvwatch.runner import TENANT_KINDS, ProbeReport
 from kvwatch.store.errors import StoreError
 
@@ -171,7 +172,39 @@ async def _check_live(config: Config) -> bool:
                     f"{spec.name}: window {found.context_window or '-'}, "
                     f"KV pool {found.kv_pool_tokens or 'not reported'}: OK"
                 )
+            if spec.tokenizer != "server":
+                window = spec.context_window or found.context_window
+                click.echo(f"{spec.name}: {await _estimate_line(spec, engine, window)}")
     return ok
+
+
+async def _estimate_line(spec: EndpointSpec, engine: Engine, window: int | None) -> str:
+    """How far kvwatch's token estimate is from the engine's own count, measured now with
+    one short request (a finding to read, not a failure: calibration corrects it)."""
+    from kvwatch.tokens.factory import build_counter
+    from kvwatch.tokens.measure import measure
+
+    if window is None:
+        return f"tokenizer {spec.tokenizer}: no window known, cannot measure the estimate"
+    try:
+        counter = build_counter(spec.tokenizer, engine)
+        found = await measure(
+            engine, counter, window=window, timeout=spec.timeouts[ProbeKind.BASELINE]
+        )
+    except Exception as exc:  # a tokenizer that cannot load, a prompt that cannot be planned
+        return f"tokenizer {spec.tokenizer}: cannot measure the estimate: {exc}"
+    if found.reported is None:
+        detail = found.exchange.error_detail or "no prompt token count reported"
+        return (
+            f"tokenizer {spec.tokenizer}: the engine reported no count for a "
+            f"{found.planned}-token prompt ({detail}): it cannot be calibrated"
+        )
+    miss = (found.reported - found.planned) / found.planned
+    return (
+        f"tokenizer {spec.tokenizer}: kvwatch estimated {found.planned} prompt tokens, the "
+        f"engine counted {found.reported} ({miss:+.1%}); calibration corrects this from the "
+        "engine's reports"
+    )
 
 
 def _discovery_key(spec: EndpointSpec) -> str | None:

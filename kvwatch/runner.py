@@ -32,7 +32,6 @@ from kvwatch.canary.model import (
     Placement,
     PlannedPrompt,
     ProbeKind,
-    Rejection,
     Severity,
     Verdict,
 )
@@ -48,7 +47,6 @@ from kvwatch.canary.verdicts import cross_tenant_markers, judge
 from kvwatch.capacity import assess, edge_pool
 from kvwatch.config import EndpointSpec, TenantSpec
 from kvwatch.engines.base import Discovery, Engine, EngineAuthError, ProgressCallback
-from kvwatch.engines.limits import stated_prompt_tokens
 from kvwatch.metrics import ProbeMetrics
 from kvwatch.served_window import ServedWindowTracker
 from kvwatch.store.errors import StoreError, StoreUnavailable
@@ -63,6 +61,7 @@ from kvwatch.store.repository import Store
 from kvwatch.tokens.base import TokenCounter
 from kvwatch.tokens.calibration import Calibration, Calibrations
 from kvwatch.tokens.estimate import EstimatingCounter
+from kvwatch.tokens.measure import engine_count, measure, read_stated_count
 from kvwatch.writebehind import PendingResult, ResultBuffer, SlotTaken
 
 EXCERPT_CHARS = 400
@@ -76,13 +75,6 @@ log = structlog.get_logger("kvwatch.probe")
 # Re-plans of a probe whose estimated size missed its boundary, within one slot: each uses
 # what the miss taught (the engine's count, a wider margin), so a second is rare.
 MAX_RESIZES = 2
-# Kinds sized at the window's edge: an uncalibrated estimate is calibrated (one cheap
-# request) before one of them is planned, so its first run tests the boundary it names.
-_EDGE_SIZED = frozenset({ProbeKind.UNDER, ProbeKind.OVER, ProbeKind.EDGE})
-# Size of that cheap request, in estimated tokens (at most half the window): large enough
-# that the canary's fixed text is a small part of it, small enough to cost next to nothing
-# beside a boundary canary.
-CALIBRATION_TOKENS = 4096
 # Verdicts whose reported count is the engine's count of the whole prompt as sent (not of a
 # cut or swapped one): only these teach an estimate.
 _COUNT_TRUSTED = frozenset(
@@ -499,7 +491,7 @@ class ProbeRunner:
         try:
             failure: Judgement | None = None
             try:
-                await self._calibration_for(target, kind)
+                await self._calibration_for(target)
                 plan = await self._plan(
                     target, kind, marker, placements, size=size, attempt=attempt
                 )
@@ -530,8 +522,7 @@ class ProbeRunner:
                     timeout=spec.timeouts[kind],
                     progress=progress,
                 )
-                if exchange.error_body and exchange.rejection is Rejection.CONTEXT_LENGTH:
-                    exchange.stated_prompt_tokens = stated_prompt_tokens(exchange.error_body)
+                read_stated_count(exchange)
                 foreign = await self._foreign_markers(exchange, plan.markers)
                 if kind is ProbeKind.EDGE:
                     judgement = judge_edge(plan, exchange, foreign, tenant=tenant_name)
@@ -614,10 +605,11 @@ class ProbeRunner:
             trigger_probe_id=trigger,
         )
 
-    async def _calibration_for(self, target: Target, kind: ProbeKind) -> None:
-        """Make an estimating counter ready to size a probe of ``kind``: start from the
-        calibration stored for the endpoint (once per process), and before an edge-sized
-        probe with nothing learnt yet, learn the engine's count from one cheap request."""
+    async def _calibration_for(self, target: Target) -> None:
+        """Make an estimating counter ready to size a canary: start from the calibration
+        stored for the endpoint (once per process), and with nothing learnt yet, learn the
+        engine's count from one cheap request first. An uncalibrated estimate can be off by
+        several times (another vocabulary), and no verdict about a count could stand on it."""
         counter = target.counter
         if not isinstance(counter, EstimatingCounter):
             return
@@ -636,7 +628,7 @@ class ProbeRunner:
                 )
                 if restored:
                     counter.calibrations = Calibrations(restored)
-            if counter.calibrations.calibrated or kind not in _EDGE_SIZED:
+            if counter.calibrations.calibrated:
                 return
             try:
                 await self._calibrate(target, counter)
@@ -649,25 +641,13 @@ class ProbeRunner:
                 )
 
     async def _calibrate(self, target: Target, counter: EstimatingCounter) -> None:
-        """Send one short prompt built like a canary (same filler, one token of answer) and
-        learn from the count the engine reports. Not a probe: it judges nothing."""
+        """Learn the engine's count from one cheap canary-like request (not a probe)."""
         spec = target.spec
-        rng = random.Random(secrets.randbits(64))
         window = await self._window(target)
-        plan = await plan_prompt(
-            ProbeKind.BASELINE,
-            counter=counter,
-            target_tokens=max(1, min(CALIBRATION_TOKENS, window // 2)),
-            marker=markers.new_marker(),
-            max_tokens=1,
-            rng=rng,
+        found = await measure(
+            target.engine, counter, window=window, timeout=spec.timeouts[ProbeKind.BASELINE]
         )
-        exchange = await target.engine.chat(
-            plan.messages, max_tokens=1, stream=False, timeout=spec.timeouts[ProbeKind.BASELINE]
-        )
-        if exchange.error_body and exchange.rejection is Rejection.CONTEXT_LENGTH:
-            exchange.stated_prompt_tokens = stated_prompt_tokens(exchange.error_body)
-        reported = _engine_count(exchange)
+        exchange, reported = found.exchange, found.reported
         if reported is None:
             log.warning(
                 "calibration_failed",
@@ -678,12 +658,12 @@ class ProbeRunner:
             )
             return
         before = counter.calibrations
-        counter.observe(plan.planned_tokens, reported)
+        counter.observe(found.planned, reported)
         log.info(
             "calibrated",
             endpoint=spec.name,
             token_source=counter.source,
-            planned_prompt_tokens=plan.planned_tokens,
+            planned_prompt_tokens=found.planned,
             reported_prompt_tokens=reported,
             ratio=round(counter.calibrations.at(reported).ratio, 5),
         )
@@ -699,7 +679,7 @@ class ProbeRunner:
         would make every later canary of this endpoint the wrong size.
         """
         counter = target.counter
-        reported = _engine_count(exchange)
+        reported = engine_count(exchange)
         if not isinstance(counter, EstimatingCounter) or reported is None:
             return
         if verdict not in _COUNT_TRUSTED:
@@ -994,14 +974,6 @@ class ProbeRunner:
 
 class WindowUnknown(Exception):
     pass
-
-
-def _engine_count(exchange: Exchange) -> int | None:
-    """The prompt tokens the engine says it counted: its usage, or what a context-length
-    rejection states."""
-    if exchange.prompt_tokens is not None:
-        return exchange.prompt_tokens
-    return exchange.stated_prompt_tokens
 
 
 def _goes_to_edge(kind: ProbeKind, verdict: Verdict) -> bool:

@@ -40,6 +40,12 @@ _LOCALISED = frozenset(
     {V.MARKER_MISSING, V.TRUNCATED, V.FOREIGN_MARKER, V.CROSS_TENANT_LEAK, V.CANARY_INEFFECTIVE}
 )
 _LEAKS = frozenset({V.FOREIGN_MARKER, V.CROSS_TENANT_LEAK})
+# On an estimated plan, an answer that recalls every marker while the engine counts fewer
+# tokens than estimated is a counting difference (another vocabulary, a changed model) up to
+# this share of the prompt; beyond it, or with a marker lost, it is truncation. kvwatch cannot
+# tell a tail cut smaller than this from a vocabulary change by the count alone: a marker at
+# depth 1.0 (marker_depths) catches it by the answer instead.
+ESTIMATE_SHORTFALL = 0.15
 
 
 def judge(
@@ -222,6 +228,8 @@ def _judge_recall(
         return verdict(V.ERROR, "engine reported no usage.prompt_tokens")
     assert drift is not None
     if drift < -plan.tolerance:
+        if found and not plan.exact and -drift <= ESTIMATE_SHORTFALL * plan.planned_tokens:
+            return _counted_short(plan, ex, verdict)
         return verdict(
             V.TRUNCATED,
             f"engine read {ex.prompt_tokens} of {plan.planned_tokens} prompt tokens"
@@ -246,6 +254,27 @@ def _judge_recall(
             f"marker recalled; usage drift +{drift} tokens beyond tolerance: recalibrate",
         )
     return verdict(V.PASS, "marker recalled")
+
+
+def _counted_short(plan: PlannedPrompt, ex: Exchange, verdict: _Make) -> Judgement:
+    """Every marker came back, on an estimated plan, and the engine counted fewer tokens than
+    estimated beyond the calibrated error but within :data:`ESTIMATE_SHORTFALL`: the
+    estimate missed, the prompt was read. An under probe so placed did not test the
+    boundary (re-planned); any other probe passes, and the count recalibrates the estimate."""
+    reported = ex.prompt_tokens or 0
+    share = (plan.planned_tokens - reported) / plan.planned_tokens
+    counted = (
+        f"the engine counted {reported} prompt tokens where kvwatch estimated "
+        f"{plan.planned_tokens} ({share:.1%} fewer, beyond the calibrated error of "
+        f"{plan.tolerance}) and the answer recalled every marker"
+    )
+    if plan.kind is ProbeKind.UNDER and plan.accepts_up_to is not None:
+        return verdict(
+            V.SIZING_MISS,
+            f"{counted}: the estimate missed, so the prompt fell short of the boundary; "
+            "re-planning with the engine's count",
+        )
+    return verdict(V.PASS, f"marker recalled; {counted}: recalibrating")
 
 
 def _missed_over(plan: PlannedPrompt, ex: Exchange) -> str | None:

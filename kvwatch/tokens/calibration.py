@@ -43,6 +43,9 @@ SQRT_SPAN = 2.0
 # A report this far from the estimate is not a counting difference but a finding (a prompt
 # swapped for a 1-token placeholder, a cut one): learning from it would hide the next one.
 PLAUSIBLE_BAND = (0.5, 2.0)
+# Before any report the estimate itself may be that far off (a local vocabulary unlike the
+# engine's counts three times as many tokens): only a count no vocabulary explains is ignored.
+UNCALIBRATED_BAND = (0.1, 10.0)
 _MIN_RATIO, _MAX_RATIO = 0.05, 20.0
 
 
@@ -85,7 +88,7 @@ class Calibration:
         if raw <= 0 or reported <= 0:
             return self
         predicted = raw * self.ratio
-        low, high = PLAUSIBLE_BAND
+        low, high = PLAUSIBLE_BAND if self.calibrated else UNCALIBRATED_BAND
         if not low <= reported / predicted <= high:
             return self
         measured = reported / raw

@@ -15,6 +15,7 @@ from pydantic import AwareDatetime, BeforeValidator
 
 from kvwatch.canary.model import ProbeKind, Verdict
 from kvwatch.store.queries import MAX_PAGE, CursorError, HistoryQueries, ProbeFilter
+from kvwatch.store.records import CalibrationRecord
 from kvwatch.web import schemas
 from kvwatch.web.context import WebContext
 from kvwatch.web.params import ParamError, parse_window, to_utc, window_start
@@ -72,8 +73,16 @@ def build_api(ctx: WebContext) -> APIRouter:
     @router.get("/endpoints", summary="Endpoints with their latest verdict per probe kind")
     def endpoints() -> list[schemas.Endpoint]:
         served = ctx.store.served_windows()
+        calibrations: dict[str, list[CalibrationRecord]] = {}
+        for record in ctx.store.calibrations():
+            calibrations.setdefault(record.endpoint, []).append(record)
         return [
-            schemas.endpoint(settings, o, served.get(o.endpoint.name))
+            schemas.endpoint(
+                settings,
+                o,
+                served.get(o.endpoint.name),
+                calibrations.get(o.endpoint.name, ()),
+            )
             for o in queries.overview(recent=0)
         ]
 

@@ -107,6 +107,7 @@ def build_pages(ctx: WebContext) -> APIRouter:
             title=name,
             ep=ep,
             served=ctx.store.served_windows(name).get(name),
+            calibrations=ctx.store.calibrations(name),
             range=range,
             summary=queries.summary(name, since, until),
             timeline=svg.timeline(chart.buckets, chart.count, chart.start, until),

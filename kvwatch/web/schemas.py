@@ -6,13 +6,20 @@ exact, and the conversions from store records to them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvwatch.canary.model import ProbeKind
 from kvwatch.store.queries import EndpointOverview, ProbeBrief, Summary
-from kvwatch.store.records import AlertStateRecord, ProbeRow, ServedWindowRecord, lost_part
+from kvwatch.store.records import (
+    AlertStateRecord,
+    CalibrationRecord,
+    ProbeRow,
+    ServedWindowRecord,
+    lost_part,
+)
 from kvwatch.web.settings import WebSettings
 from kvwatch.web.tones import severity, tone, worst
 
@@ -63,6 +70,23 @@ class ServedWindow(_Model):
     probe_url: str | None
 
 
+class TokenCalibration(_Model):
+    """What the endpoint's own token counts taught kvwatch's estimate, for one prompt size."""
+
+    token_source: str = Field(description="The estimating tokenizer: usage, tiktoken:…, hf:….")
+    prompt_tokens: int = Field(
+        description="The size class it was learnt at: prompts of about this many tokens "
+        "(a power of two)."
+    )
+    ratio: float = Field(description="The engine's count per token of kvwatch's raw estimate.")
+    typical_error: float = Field(
+        description="How far the corrected estimate typically still misses, as a fraction; "
+        "boundary probes keep a margin of several times this."
+    )
+    observations: int = Field(description="Reports of the engine's count it was learnt from.")
+    updated_at: datetime
+
+
 class Endpoint(_Model):
     name: str
     url: str
@@ -75,6 +99,10 @@ class Endpoint(_Model):
         "never measured; the advertised window when an under probe passed since)."
     )
     served_window: ServedWindow | None
+    calibrations: list[TokenCalibration] = Field(
+        description="Only for an endpoint whose tokens kvwatch estimates (tokenizer usage, "
+        "tiktoken or hf): what the engine's own counts taught, per prompt size."
+    )
     labels: dict[str, str]
     tone: str = Field(description="The most alarming tone among the latest probes.")
     latest: dict[str, ProbeSummary] = Field(
@@ -242,8 +270,22 @@ def served_window(settings: WebSettings, r: ServedWindowRecord) -> ServedWindow:
     )
 
 
+def calibration(r: CalibrationRecord) -> TokenCalibration:
+    return TokenCalibration(
+        token_source=r.token_source,
+        prompt_tokens=2**r.size_class,
+        ratio=r.ratio,
+        typical_error=r.error,
+        observations=r.observations,
+        updated_at=r.updated_at,
+    )
+
+
 def endpoint(
-    settings: WebSettings, o: EndpointOverview, served: ServedWindowRecord | None = None
+    settings: WebSettings,
+    o: EndpointOverview,
+    served: ServedWindowRecord | None = None,
+    calibrations: Sequence[CalibrationRecord] = (),
 ) -> Endpoint:
     ep = o.endpoint
     latest = {
@@ -260,6 +302,7 @@ def endpoint(
         kv_pool_tokens=ep.kv_pool_tokens,
         served_window_tokens=None if served is None else served.served_tokens,
         served_window=None if served is None else served_window(settings, served),
+        calibrations=[calibration(r) for r in calibrations],
         labels=ep.labels,
         tone=worst(p.tone for p in latest.values()),
         latest=latest,

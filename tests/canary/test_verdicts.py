@@ -153,9 +153,11 @@ def test_more_tokens_than_planned_passes_but_reports_the_drift():
 
 
 def test_an_estimated_plan_tolerates_small_shortfalls():
-    """With a tolerance, a few tokens short is not truncation; beyond it, it is."""
+    """With a tolerance, a few tokens short is not truncation; beyond it, with the marker
+    lost, it is (with the marker recalled, see test_estimated_verdicts)."""
     assert judge(plan(UN, tolerance=40), ok(prompt_tokens=4064 - 40)).verdict is Verdict.PASS
-    assert judge(plan(UN, tolerance=40), ok(prompt_tokens=4064 - 41)).verdict is Verdict.TRUNCATED
+    lost = ok(answer="no idea", prompt_tokens=4064 - 41)
+    assert judge(plan(UN, tolerance=40), lost).verdict is Verdict.TRUNCATED
 
 
 def test_the_leak_reason_names_the_probe_endpoint_and_time_it_leaked_from():

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kvwatch.canary.sizing import AcceptanceRule
-from kvwatch.engines.limits import Bound, StatedLimit, stated_limit
+from kvwatch.engines.limits import Bound, StatedLimit, stated_limit, stated_prompt_tokens
 
 PPMT, BELOW = AcceptanceRule.PROMPT_PLUS_MAX_TOKENS, AcceptanceRule.PROMPT_BELOW_WINDOW
 
@@ -162,3 +162,58 @@ def test_a_window_bound_follows_the_engines_rule() -> None:
     limit = StatedLimit(4_096, Bound.WINDOW)
     assert limit.largest_prompt(rule=PPMT, max_tokens=32) == 4_064
     assert limit.largest_prompt(rule=BELOW, max_tokens=32) == 4_095
+
+
+@pytest.mark.parametrize(
+    ("body", "count"),
+    [
+        # vLLM v0.18+ and earlier; OpenAI; llama.cpp; SGLang; TGI; Anthropic.
+        (
+            '{"error": {"message": "This model\'s maximum context length is 8192 tokens. '
+            "However, you requested 32 output tokens and your prompt contains 8200 input "
+            'tokens, for a total of 8232 tokens."}}',
+            8200,
+        ),
+        (
+            '{"error": {"message": "\'max_tokens\' is too large: 32. This model\'s maximum '
+            "context length is 4096 tokens and your request has 2778 input tokens "
+            '(32 > 4096 - 2778)."}}',
+            2778,
+        ),
+        (
+            '{"error": {"message": "This model\'s maximum context length is 8192 tokens. '
+            'However, you requested 8232 tokens (8200 in the messages, 32 in the completion)."}}',
+            8200,
+        ),
+        (
+            '{"error": {"code": 400, "message": "request (4476 tokens) exceeds the available '
+            'context size (4096 tokens)", "type": "exceed_context_size_error", '
+            '"n_prompt_tokens": 4476, "n_ctx": 4096}}',
+            4476,
+        ),
+        ('{"message": "The input (9000 tokens) is longer than the model\'s context length"}', 9000),
+        (
+            '{"error": "Input validation error: `inputs` tokens + `max_new_tokens` must be '
+            '<= 8192. Given: 8200 `inputs` tokens and 32 `max_new_tokens`"}',
+            8200,
+        ),
+        ('{"error": {"message": "prompt is too long: 208310 tokens > 200000 maximum"}}', 208310),
+    ],
+)
+def test_a_rejection_states_the_prompt_tokens_the_engine_counted(body: str, count: int) -> None:
+    """Each engine's wording of its own count is read as that count."""
+    assert stated_prompt_tokens(body) == count
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        None,
+        "",
+        '{"error": {"message": "your prompt contains at least 97 input tokens"}}',
+        '{"error": {"message": "maximum context length is 8192 tokens"}}',
+    ],
+)
+def test_a_rejection_without_a_count_states_none(body: str | None) -> None:
+    """A bound the engine stopped counting at, or no count at all, is not a count."""
+    assert stated_prompt_tokens(body) is None

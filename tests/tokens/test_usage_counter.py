@@ -40,8 +40,12 @@ async def test_it_ignores_a_report_that_is_a_finding_not_a_calibration() -> None
     counter = UsageCalibratedCounter()
     planned = await counter.count_prompt(_prompt(40_000))
     counter.observe(planned, 1)
-    counter.observe(planned, planned * 5)
+    counter.observe(planned, planned * 20)
     assert counter.calibrations == Calibrations()
+    counter.observe(planned, planned)
+    learnt = counter.calibrations
+    counter.observe(planned, planned * 5)  # calibrated, the band is narrower
+    assert counter.calibrations == learnt
 
 
 async def test_it_inverts_a_plan_it_did_not_make() -> None:
