@@ -164,8 +164,12 @@ class Calibrations:
         own = current.get(key)
         if own is None:
             # A new class starts from the nearest one's ratio (its best guess) but counts
-            # nothing: its first own report replaces that ratio.
+            # nothing: its first own report replaces that ratio. Once any class is learnt, a
+            # report far from that guess is a finding, as it would be in a learnt class.
             own = Calibration(ratio=self.at(reported).ratio)
+            low, high = PLAUSIBLE_BAND
+            if self.calibrated and raw > 0 and not low <= reported / (raw * own.ratio) <= high:
+                return self
         learnt = own.learn(raw, reported)
         if learnt == own:
             return self
