@@ -125,6 +125,9 @@ class Exchange:
     streamed: bool = False
     stream_error_frame: bool = False  # an SSE frame carrying an error arrived on a 2xx stream
     stream_terminated: bool = False  # the stream ended with its terminator ([DONE] or engine's)
+    # Events (SSE) or lines (NDJSON) the stream sent after its terminator, in the reads that
+    # were made: never part of the answer or usage, kept as evidence of a stream that goes on.
+    events_after_terminator: int = 0
     rejection: Rejection | None = None  # set for non-2xx bodies and error frames
     error_body: str | None = None  # the engine's error body, bounded
     ttfb_seconds: float | None = None

@@ -64,6 +64,14 @@ def judge(
     def verdict(v: V, reason: str) -> Judgement:
         if where is not None and v in _LOCALISED:
             reason = f"{reason}; {where}" if v in _LEAKS else f"{reason}: {where}"
+        if ex.events_after_terminator:
+            # Evidence only: what followed the terminator was not read as the answer, so it
+            # cannot change the verdict, but an engine that keeps talking is worth a look.
+            n = ex.events_after_terminator
+            reason = (
+                f"{reason}; the stream went on after its terminator "
+                f"({n} event{'' if n == 1 else 's'}, not read)"
+            )
         return Judgement(
             v,
             reason,

@@ -39,7 +39,7 @@ from kvwatch.engines.openai import (
     json_int,
 )
 from kvwatch.engines.rejections import error_message, is_context_length_payload
-from kvwatch.engines.sse import EventStreamReader
+from kvwatch.engines.sse import EventStreamReader, SSEEvent
 
 ANTHROPIC_VERSION = "2023-06-01"
 
@@ -98,15 +98,18 @@ class AnthropicStreamReader(EventStreamReader):
 
     def __init__(self, exchange: Exchange) -> None:
         super().__init__(exchange)
-        self._stopped = False
         self._started = False
 
-    @property
-    def _ended(self) -> bool:
-        return self._stopped
+    def _is_last(self, event: SSEEvent) -> bool:
+        # The event's own type decides, as in _event; the SSE event name only without one.
+        try:
+            payload: Any = json.loads(event.data)
+        except ValueError:
+            return False
+        return isinstance(payload, dict) and payload.get("type", event.event) == "message_stop"
 
     def _completed(self) -> bool:
-        return self._stopped and self._started
+        return self._ended and self._started
 
     def _missing_end(self) -> str:
         return "stream ended without message_stop"
@@ -150,8 +153,6 @@ class AnthropicStreamReader(EventStreamReader):
             usage = payload.get("usage")
             if isinstance(usage, dict):
                 ex.completion_tokens = json_int(usage.get("output_tokens"))
-        elif kind == "message_stop":
-            self._stopped = True
 
 
 class AnthropicEngine(OpenAIEngine):

@@ -84,12 +84,16 @@ class NDJSONReader:
     def feed(self, data: bytes) -> None:
         self._buffer += data
         *lines, self._buffer = self._buffer.split(b"\n")
-        if len(self._buffer) > self._max_line:
-            self.exchange.error_detail = f"NDJSON line longer than {self._max_line} bytes"
-            self._buffer = b""
         for line in lines:
             if line.strip():
                 self._line(line)
+        if len(self._buffer) > self._max_line:
+            if self._done:
+                # Past the done line nothing is read, however long.
+                self.exchange.events_after_terminator += 1
+            else:
+                self.exchange.error_detail = f"NDJSON line longer than {self._max_line} bytes"
+            self._buffer = b""
 
     def finish(self) -> None:
         if self._buffer.strip():
@@ -107,6 +111,10 @@ class NDJSONReader:
 
     def _line(self, line: bytes) -> None:
         ex = self.exchange
+        if self._done:
+            # The done line ends the answer, in this read or a later one.
+            ex.events_after_terminator += 1
+            return
         try:
             payload: Any = json.loads(line)
         except ValueError:

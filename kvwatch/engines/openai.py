@@ -209,6 +209,7 @@ class StreamReader:
             self._event(event.data, event.event)
         ex = self.exchange
         ex.stream_terminated = self.parser.done
+        ex.events_after_terminator = self.parser.after_done
         ex.answer = "".join(self._answer)
         if ex.stream_error_frame:
             ex.body_parsed = False
@@ -446,7 +447,9 @@ class OpenAIEngine:
                     raise BodyTooLarge(self.body_limit_bytes)
                 reader.feed(chunk)
                 if reader.done:
-                    break  # anything after [DONE] is not part of the answer
+                    # The reader ignores anything after the terminator, in this read or any
+                    # later one; reading on could only wait for a peer that does not stop.
+                    break
         finally:
             # Even a cut stream keeps what arrived: a partial answer is evidence.
             reader.finish()

@@ -38,7 +38,7 @@ from kvwatch.engines.openai import (
     positive_int,
 )
 from kvwatch.engines.rejections import error_message, is_context_length_payload
-from kvwatch.engines.sse import EventStreamReader
+from kvwatch.engines.sse import EventStreamReader, SSEEvent
 
 
 class TGIEngine(OpenAIEngine):
@@ -116,12 +116,20 @@ class TGIStreamReader(EventStreamReader):
 
     def __init__(self, exchange: Exchange) -> None:
         super().__init__(exchange)
-        self._final = False
         self.events = 0
 
-    @property
-    def _ended(self) -> bool:
-        return self._final
+    def _is_last(self, event: SSEEvent) -> bool:
+        # The final StreamResponse is the one with generated_text; an error frame is not it.
+        try:
+            payload: Any = json.loads(event.data)
+        except ValueError:
+            return False
+        return (
+            isinstance(payload, dict)
+            and event.event != "error"
+            and not payload.get("error")
+            and payload.get("generated_text") is not None
+        )
 
     def _missing_end(self) -> str:
         return f"stream ended without its final event ({self.events} events)"
@@ -155,8 +163,6 @@ class TGIStreamReader(EventStreamReader):
         details = payload.get("details")
         if isinstance(details, dict):
             _read_details(details, ex)
-        if payload.get("generated_text") is not None:
-            self._final = True
 
 
 def _read_details(details: dict[str, Any], ex: Exchange) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
 import pytest
@@ -273,3 +274,19 @@ def test_truncates_to_only_softens_an_accepted_over_probe(kind, ex, window):
         assert soft in (Verdict.OVER_ACCEPTED, Verdict.ERROR)
     else:
         assert soft is hard
+
+
+@pytest.mark.parametrize(
+    ("kind", "exchange"),
+    [(UN, ok()), (UN, ok(answer="no code")), (BL, ok(prompt_tokens=3)), (OV, ok())],
+)
+def test_a_stream_that_went_on_after_its_terminator_says_so_without_changing_the_verdict(
+    kind, exchange
+):
+    """Events after the terminator are named in the reason, and the verdict stays the same."""
+    plain = judge(plan(kind), exchange)
+    talked = judge(plan(kind), dataclasses.replace(exchange, events_after_terminator=2))
+    assert talked.verdict is plain.verdict
+    assert talked.reason == (
+        f"{plain.reason}; the stream went on after its terminator (2 events, not read)"
+    )

@@ -53,6 +53,11 @@ EXPECTED: dict[str, tuple[Verdict, str]] = {
     "http09-garbage": (E, "transport failure (read)"),
     "gzip-bomb": (E, "read cap"),
     "sse-frames-not-json": (E, "SSE frame is not JSON: hello world"),
+    # What follows [DONE] (here the marker itself) is not part of the answer, in any read.
+    "sse-text-after-done": (
+        Verdict.MARKER_MISSING,
+        "lacks the marker; the stream went on after its terminator (3 events, not read)",
+    ),
     "tls-to-plain-http": (E, "SSL"),
     "tls-self-signed": (E, "CERTIFICATE_VERIFY_FAILED"),
 }
