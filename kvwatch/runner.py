@@ -502,9 +502,11 @@ class ProbeRunner:
                 if plan.note and judgement.verdict is not Verdict.PASS:
                     judgement.reason = f"{judgement.reason}; {plan.note}"
                 # A cut prompt's count is the window, not the prompt's size: learning from
-                # it would make every later canary of this endpoint too long.
+                # it would make every later canary of this endpoint too long. Nor is a count
+                # the engine cannot mean (no drift then) anything to learn from.
                 if (
                     exchange.prompt_tokens is not None
+                    and judgement.token_drift is not None
                     and judgement.verdict is not Verdict.OVER_TRUNCATED
                 ):
                     target.counter.observe(plan.planned_tokens, exchange.prompt_tokens)
@@ -627,6 +629,7 @@ class ProbeRunner:
             rng=rng,
             depth=depth,
             placements=placements,
+            window=window,
         )
 
     async def _window(self, target: Target) -> int:

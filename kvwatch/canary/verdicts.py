@@ -50,12 +50,15 @@ def judge(
     engine) means an over-limit prompt must be refused. ``tenant`` is the tenant whose
     credentials this probe was sent with (None: the endpoint's own key).
     """
-    drift = None if ex.prompt_tokens is None else ex.prompt_tokens - plan.planned_tokens
+    doubt = unbelievable_usage(plan, ex)
+    # A count that cannot be believed is no evidence of what was read, nor of drift.
+    reported = None if doubt is not None else ex.prompt_tokens
+    drift = None if reported is None else reported - plan.planned_tokens
     depths = outcomes(plan.placements, ex.answer, foreign) if len(plan.placements) > 1 else []
     if depths:
         # Several markers: the prompt was read whole only if every one came back.
         found = ex.answer is not None and all(d.outcome is DepthOutcome.FOUND for d in depths)
-        lost = localise(depths, planned=plan.planned_tokens, reported=ex.prompt_tokens)
+        lost = localise(depths, planned=plan.planned_tokens, reported=reported)
         where = lost.sentence if lost.lost is not Lost.NONE else None
     else:
         found = ex.answer is not None and markers.contains_marker(ex.answer, plan.marker)
@@ -111,8 +114,37 @@ def judge(
         )
 
     if plan.kind is ProbeKind.OVER:
-        return _judge_over(plan, ex, verdict, truncates_to)
-    return _judge_recall(plan, ex, found, drift, verdict)
+        return _judge_over(plan, ex, verdict, truncates_to, doubt)
+    return _judge_recall(plan, ex, found, drift, verdict, doubt)
+
+
+def unbelievable_usage(plan: PlannedPrompt, ex: Exchange) -> str | None:
+    """Why the engine's usage report cannot be believed, naming the value; None if it can.
+
+    A count that is no count (negative, fractional, a string...) is recorded as such by the
+    adapter. A prompt count past the window the probe was sized against is no counting drift
+    either: no engine that honours the window read that much. A prompt planned past the
+    window (an over probe) may be read whole, where the window is not enforced, but no engine
+    reads more than the prompt it was sent (within the plan's tolerance).
+    """
+    if ex.unusable_usage is not None:
+        return ex.unusable_usage
+    reported, window = ex.prompt_tokens, plan.window
+    if reported is None or window is None:
+        return None
+    prompt = plan.planned_tokens + plan.tolerance
+    if reported <= max(window, prompt):
+        return None
+    if prompt > window:
+        return (
+            f"prompt_tokens {reported} for a {plan.planned_tokens}-token prompt "
+            f"on a {window}-token window"
+        )
+    return f"prompt_tokens {reported} on a {window}-token window"
+
+
+def _doubted(doubt: str) -> str:
+    return f"the engine's usage report cannot be believed: {doubt}"
 
 
 def cross_tenant_markers(
@@ -129,7 +161,11 @@ def cross_tenant_markers(
 
 
 def _judge_over(
-    plan: PlannedPrompt, ex: Exchange, verdict: _Make, truncates_to: int | None
+    plan: PlannedPrompt,
+    ex: Exchange,
+    verdict: _Make,
+    truncates_to: int | None,
+    doubt: str | None,
 ) -> Judgement:
     status = ex.status or 0
     if 200 <= status < 300:
@@ -144,8 +180,16 @@ def _judge_over(
                 f"{ex.error_detail or 'unusable body'}",
             )
         if truncates_to is not None:
+            if doubt is not None:
+                # The cut is the only thing this probe can show, and only usage shows it.
+                return verdict(V.ERROR, _doubted(doubt))
             return _judge_cut(plan, ex, verdict, truncates_to)
-        return verdict(V.OVER_ACCEPTED, f"over-limit prompt accepted with HTTP {status}")
+        accepted = f"over-limit prompt accepted with HTTP {status}"
+        # Accepting is the finding whatever the engine counted; a count it cannot mean is
+        # said too, so the evidence does not rest on it.
+        if doubt is not None:
+            accepted = f"{accepted}; {_doubted(doubt)}"
+        return verdict(V.OVER_ACCEPTED, accepted)
     if 400 <= status < 500 and ex.rejection is Rejection.CONTEXT_LENGTH:
         return verdict(V.PASS, f"rejected with HTTP {status} context-length error")
     if 400 <= status < 500:
@@ -191,6 +235,7 @@ def _judge_recall(
     found: bool,
     drift: int | None,
     verdict: _Make,
+    doubt: str | None,
 ) -> Judgement:
     status = ex.status or 0
     if 400 <= status < 500:
@@ -208,6 +253,9 @@ def _judge_recall(
         return verdict(V.STREAM_ERROR, "stream ended without its terminator")
     if not ex.body_parsed or ex.answer is None:
         return verdict(V.ERROR, f"unusable 2xx body: {ex.error_detail or 'no answer'}")
+    if doubt is not None:
+        # Neither a cut nor a whole read can be told from a count the engine cannot mean.
+        return verdict(V.ERROR, _doubted(doubt))
     if ex.prompt_tokens is None:
         # Without usage nothing proves the engine read the whole prompt.
         return verdict(V.ERROR, "engine reported no usage.prompt_tokens")
@@ -230,7 +278,8 @@ def _judge_recall(
             )
         return verdict(V.MARKER_MISSING, "200 but the answer lacks the marker")
     if drift > plan.tolerance:
-        # More tokens than planned is a counting problem, never an incident (DESIGN §3).
+        # More tokens than planned, and no more than the window holds, is a counting
+        # problem, never an incident (DESIGN §3).
         return verdict(
             V.PASS,
             f"marker recalled; usage drift +{drift} tokens beyond tolerance: recalibrate",

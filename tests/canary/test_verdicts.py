@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvwatch.canary.edge import judge_edge
 from kvwatch.canary.model import (
     Exchange,
     ForeignMarker,
+    Judgement,
     Message,
     PlannedPrompt,
     ProbeKind,
@@ -290,3 +292,125 @@ def test_a_stream_that_went_on_after_its_terminator_says_so_without_changing_the
     assert talked.reason == (
         f"{plain.reason}; the stream went on after its terminator (2 events, not read)"
     )
+
+
+# A report the engine cannot mean is no counting drift: whatever the kind, the probe does not
+# pass, and its reason names the value (DESIGN §2, "never a pass by default").
+SIZED = 4096  # the window the plans below were sized against
+DOUBT = "the engine's usage report cannot be believed: "
+
+
+def sized(kind: ProbeKind, planned: int = 4064, tolerance: int = 0) -> PlannedPrompt:
+    return dataclasses.replace(plan(kind, planned, tolerance), window=SIZED)
+
+
+def judge_as(kind: str, p: PlannedPrompt, ex: Exchange) -> Judgement:
+    """Judge as the runner does for each kind (edge and bisect are judged as recall probes)."""
+    if kind == "edge":
+        return judge_edge(p, ex)
+    if kind == "bisect":
+        return judge(dataclasses.replace(p, kind=ProbeKind.UNDER), ex)
+    if kind == "ollama-over":
+        return judge(p, ex, truncates_to=SIZED)
+    return judge(p, ex)
+
+
+BEYOND = DOUBT + "prompt_tokens 1000000000000 on a 4096-token window"
+E12 = 10**12
+
+
+def unusable(fact: str, answer: str = MARKER) -> Exchange:
+    """An answer whose usage held ``fact``, a count that is no count (what adapters record)."""
+    return ok(answer=answer, prompt_tokens=None, unusable_usage=fact)
+
+
+IMPOSSIBLE_USAGE = [
+    # (kind as judged, plan, exchange, verdict, reason)
+    ("under", sized(UN), ok(prompt_tokens=E12), Verdict.ERROR, BEYOND),
+    (
+        "under",
+        sized(UN),
+        ok(prompt_tokens=4097),
+        Verdict.ERROR,
+        DOUBT + "prompt_tokens 4097 on a 4096-token window",
+    ),
+    ("baseline", sized(BL, 1536), ok(prompt_tokens=E12), Verdict.ERROR, BEYOND),
+    ("edge", sized(OV, 3001), ok(prompt_tokens=E12), Verdict.ERROR, BEYOND),
+    ("bisect", sized(UN, 2048), ok(prompt_tokens=E12), Verdict.ERROR, BEYOND),
+    (
+        "under",
+        sized(UN),
+        unusable("usage.prompt_tokens -7"),
+        Verdict.ERROR,
+        DOUBT + "usage.prompt_tokens -7",
+    ),
+    (
+        "baseline",
+        sized(BL, 1536),
+        unusable('usage.prompt_tokens "1536"'),
+        Verdict.ERROR,
+        DOUBT + 'usage.prompt_tokens "1536"',
+    ),
+    (
+        "edge",
+        sized(OV, 3001),
+        unusable("usage.prompt_tokens 3001.5"),
+        Verdict.ERROR,
+        DOUBT + "usage.prompt_tokens 3001.5",
+    ),
+    (
+        "bisect",
+        sized(UN, 2048),
+        unusable("usage.prompt_tokens true"),
+        Verdict.ERROR,
+        DOUBT + "usage.prompt_tokens true",
+    ),
+    # A prompt planned past the window (Ollama's over probe) may be read whole, not past itself.
+    (
+        "ollama-over",
+        sized(OV, 4097),
+        ok("no code", E12),
+        Verdict.ERROR,
+        DOUBT + "prompt_tokens 1000000000000 for a 4097-token prompt on a 4096-token window",
+    ),
+    (
+        "ollama-over",
+        sized(OV, 4097),
+        unusable("prompt_eval_count -1", "no code"),
+        Verdict.ERROR,
+        DOUBT + "prompt_eval_count -1",
+    ),
+    # A hard-limit engine that answered an over probe is over_accepted whatever it counted.
+    (
+        "over",
+        sized(OV, 4049),
+        ok("no code", E12),
+        Verdict.OVER_ACCEPTED,
+        "over-limit prompt accepted with HTTP 200; " + BEYOND,
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "planned", "exchange", "verdict", "reason"), IMPOSSIBLE_USAGE)
+def test_usage_the_engine_cannot_mean_is_never_a_pass_and_names_the_value(
+    kind, planned, exchange, verdict, reason
+):
+    """Prompt tokens past the window, negative or not an integer: no pass, the value named."""
+    j = judge_as(kind, planned, exchange)
+    assert (j.verdict, j.reason) == (verdict, reason)
+
+
+@pytest.mark.parametrize(
+    ("kind", "planned", "reported"),
+    [
+        ("under", sized(UN), SIZED),
+        ("baseline", sized(BL, 1536), 3000),
+        ("edge", sized(OV, 3001), 3001 + 50),
+        ("ollama-over", sized(OV, 4097), 4097),
+    ],
+)
+def test_a_count_the_window_can_hold_is_still_drift_or_evidence(kind, planned, reported):
+    """Up to the window (or the prompt planned past it) a count is believed, as before."""
+    j = judge_as(kind, planned, ok(prompt_tokens=reported))
+    assert not j.reason.startswith(DOUBT)
+    assert j.verdict in (Verdict.PASS, Verdict.OVER_ACCEPTED)

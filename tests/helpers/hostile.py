@@ -231,6 +231,26 @@ async def sse_text_after_done(server: HostileServer, w: Writer, request: bytes) 
     await _send(w, "200 OK", SSE, body)
 
 
+async def impossible_usage(server: HostileServer, w: Writer, request: bytes) -> None:
+    # The right answer, with a prompt count no 4,096-token window can hold.
+    answer = {"content": f"The code is {_prompt_marker(request)}."}
+    body = {
+        "choices": [{"index": 0, "message": answer}],
+        "usage": {"prompt_tokens": 10**12, "completion_tokens": 9},
+    }
+    await _send(w, "200 OK", JSON, json.dumps(body).encode())
+
+
+async def string_usage(server: HostileServer, w: Writer, request: bytes) -> None:
+    # The right answer, with its prompt count as a string.
+    answer = {"content": f"The code is {_prompt_marker(request)}."}
+    body = {
+        "choices": [{"index": 0, "message": answer}],
+        "usage": {"prompt_tokens": str(server.claimed_prompt_tokens), "completion_tokens": 9},
+    }
+    await _send(w, "200 OK", JSON, json.dumps(body).encode())
+
+
 async def serve_garbage(server: HostileServer, w: Writer, request: bytes, key: str) -> None:
     body = server.garbage[key]
     headers = SSE if body.startswith(b"data:") else JSON
@@ -262,6 +282,8 @@ BEHAVIOURS: dict[str, Behaviour] = {
     "gzip-bomb": gzip_bomb,
     "sse-frames-not-json": sse_frames_not_json,
     "sse-text-after-done": sse_text_after_done,
+    "impossible-usage": impossible_usage,
+    "string-usage": string_usage,
 }
 
 
