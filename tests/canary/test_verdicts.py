@@ -298,14 +298,24 @@ def test_a_stream_that_went_on_after_its_terminator_says_so_without_changing_the
 # pass, and its reason names the value (DESIGN §2, "never a pass by default").
 SIZED = 4096  # the window the plans below were sized against
 DOUBT = "the engine's usage report cannot be believed: "
+BEYOND = DOUBT + "prompt_tokens 1000000000000 on a 4096-token window"
+E12 = 10**12
+# How each kind is planned: edge, like over, at least its size; bisect like under.
+PLANNED_AS = {"under": UN, "baseline": BL, "edge": OV, "bisect": UN, "over": OV, "ollama-over": OV}
 
 
-def sized(kind: ProbeKind, planned: int = 4064, tolerance: int = 0) -> PlannedPrompt:
-    return dataclasses.replace(plan(kind, planned, tolerance), window=SIZED)
+def judge_as(kind: str, planned: int, usage: int | str) -> Judgement:
+    """Judge an answer as the runner does for ``kind``, its plan sized against SIZED.
 
-
-def judge_as(kind: str, p: PlannedPrompt, ex: Exchange) -> Judgement:
-    """Judge as the runner does for each kind (edge and bisect are judged as recall probes)."""
+    ``usage`` is the prompt count the engine reported, or (a string) the count that is no
+    count which the adapter recorded instead. Over probes are answered without the marker.
+    """
+    p = dataclasses.replace(plan(PLANNED_AS[kind], planned), window=SIZED)
+    answer = "no code" if kind in ("over", "ollama-over") else MARKER
+    if isinstance(usage, str):
+        ex = ok(answer=answer, prompt_tokens=None, unusable_usage=usage)
+    else:
+        ex = ok(answer=answer, prompt_tokens=usage)
     if kind == "edge":
         return judge_edge(p, ex)
     if kind == "bisect":
@@ -315,102 +325,69 @@ def judge_as(kind: str, p: PlannedPrompt, ex: Exchange) -> Judgement:
     return judge(p, ex)
 
 
-BEYOND = DOUBT + "prompt_tokens 1000000000000 on a 4096-token window"
-E12 = 10**12
-
-
-def unusable(fact: str, answer: str = MARKER) -> Exchange:
-    """An answer whose usage held ``fact``, a count that is no count (what adapters record)."""
-    return ok(answer=answer, prompt_tokens=None, unusable_usage=fact)
-
-
 IMPOSSIBLE_USAGE = [
-    # (kind as judged, plan, exchange, verdict, reason)
-    ("under", sized(UN), ok(prompt_tokens=E12), Verdict.ERROR, BEYOND),
-    (
-        "under",
-        sized(UN),
-        ok(prompt_tokens=4097),
-        Verdict.ERROR,
-        DOUBT + "prompt_tokens 4097 on a 4096-token window",
-    ),
-    ("baseline", sized(BL, 1536), ok(prompt_tokens=E12), Verdict.ERROR, BEYOND),
-    ("edge", sized(OV, 3001), ok(prompt_tokens=E12), Verdict.ERROR, BEYOND),
-    ("bisect", sized(UN, 2048), ok(prompt_tokens=E12), Verdict.ERROR, BEYOND),
-    (
-        "under",
-        sized(UN),
-        unusable("usage.prompt_tokens -7"),
-        Verdict.ERROR,
-        DOUBT + "usage.prompt_tokens -7",
-    ),
+    # (kind, planned prompt tokens, usage reported, verdict, reason)
+    ("under", 4064, E12, Verdict.ERROR, BEYOND),
+    ("under", 4064, 4097, Verdict.ERROR, DOUBT + "prompt_tokens 4097 on a 4096-token window"),
+    ("baseline", 1536, E12, Verdict.ERROR, BEYOND),
+    ("edge", 3001, E12, Verdict.ERROR, BEYOND),
+    ("bisect", 2048, E12, Verdict.ERROR, BEYOND),
+    ("under", 4064, "usage.prompt_tokens -7", Verdict.ERROR, DOUBT + "usage.prompt_tokens -7"),
     (
         "baseline",
-        sized(BL, 1536),
-        unusable('usage.prompt_tokens "1536"'),
+        1536,
+        'usage.prompt_tokens "1536"',
         Verdict.ERROR,
         DOUBT + 'usage.prompt_tokens "1536"',
     ),
     (
         "edge",
-        sized(OV, 3001),
-        unusable("usage.prompt_tokens 3001.5"),
+        3001,
+        "usage.prompt_tokens 3001.5",
         Verdict.ERROR,
         DOUBT + "usage.prompt_tokens 3001.5",
     ),
-    (
-        "bisect",
-        sized(UN, 2048),
-        unusable("usage.prompt_tokens true"),
-        Verdict.ERROR,
-        DOUBT + "usage.prompt_tokens true",
-    ),
+    ("bisect", 2048, "usage.prompt_tokens true", Verdict.ERROR, DOUBT + "usage.prompt_tokens true"),
     # A prompt planned past the window (Ollama's over probe) may be read whole, not past itself.
     (
         "ollama-over",
-        sized(OV, 4097),
-        ok("no code", E12),
+        4097,
+        E12,
         Verdict.ERROR,
         DOUBT + "prompt_tokens 1000000000000 for a 4097-token prompt on a 4096-token window",
     ),
-    (
-        "ollama-over",
-        sized(OV, 4097),
-        unusable("prompt_eval_count -1", "no code"),
-        Verdict.ERROR,
-        DOUBT + "prompt_eval_count -1",
-    ),
+    ("ollama-over", 4097, "prompt_eval_count -1", Verdict.ERROR, DOUBT + "prompt_eval_count -1"),
     # A hard-limit engine that answered an over probe is over_accepted whatever it counted.
     (
         "over",
-        sized(OV, 4049),
-        ok("no code", E12),
+        4049,
+        E12,
         Verdict.OVER_ACCEPTED,
         "over-limit prompt accepted with HTTP 200; " + BEYOND,
     ),
 ]
 
 
-@pytest.mark.parametrize(("kind", "planned", "exchange", "verdict", "reason"), IMPOSSIBLE_USAGE)
+@pytest.mark.parametrize(("kind", "planned", "usage", "verdict", "reason"), IMPOSSIBLE_USAGE)
 def test_usage_the_engine_cannot_mean_is_never_a_pass_and_names_the_value(
-    kind, planned, exchange, verdict, reason
+    kind, planned, usage, verdict, reason
 ):
     """Prompt tokens past the window, negative or not an integer: no pass, the value named."""
-    j = judge_as(kind, planned, exchange)
+    j = judge_as(kind, planned, usage)
     assert (j.verdict, j.reason) == (verdict, reason)
 
 
 @pytest.mark.parametrize(
     ("kind", "planned", "reported"),
     [
-        ("under", sized(UN), SIZED),
-        ("baseline", sized(BL, 1536), 3000),
-        ("edge", sized(OV, 3001), 3001 + 50),
-        ("ollama-over", sized(OV, 4097), 4097),
+        ("under", 4064, SIZED),
+        ("baseline", 1536, 3000),
+        ("edge", 3001, 3051),
+        ("ollama-over", 4097, 4097),
     ],
 )
 def test_a_count_the_window_can_hold_is_still_drift_or_evidence(kind, planned, reported):
     """Up to the window (or the prompt planned past it) a count is believed, as before."""
-    j = judge_as(kind, planned, ok(prompt_tokens=reported))
+    j = judge_as(kind, planned, reported)
     assert not j.reason.startswith(DOUBT)
     assert j.verdict in (Verdict.PASS, Verdict.OVER_ACCEPTED)
