@@ -539,6 +539,7 @@ class ProbeRunner:
                     )
                 if plan.note and judgement.verdict is not Verdict.PASS:
                     judgement.reason = f"{judgement.reason}; {plan.note}"
+                # Only a believable count of the whole prompt teaches (see _learn).
                 await self._learn(target, plan, exchange, judgement.verdict)
         except asyncio.CancelledError:
             if probe_id is not None:
@@ -770,6 +771,7 @@ class ProbeRunner:
             rng=rng,
             depth=depth,
             placements=placements,
+            window=window,
         )
         if kind not in (ProbeKind.UNDER, ProbeKind.OVER):
             return plan

@@ -131,9 +131,15 @@ class Exchange:
     finish_reason: str | None = None
     prompt_tokens: int | None = None  # usage reported by the engine
     completion_tokens: int | None = None
+    # The first usage count the engine sent that is no token count (negative, fractional, a
+    # string, a bool, past any window), as "<field> <value as sent>"; its count is then None.
+    unusable_usage: str | None = None
     streamed: bool = False
     stream_error_frame: bool = False  # an SSE frame carrying an error arrived on a 2xx stream
     stream_terminated: bool = False  # the stream ended with its terminator ([DONE] or engine's)
+    # Events (SSE) or lines (NDJSON) the stream sent after its terminator, in the reads that
+    # were made: never part of the answer or usage, kept as evidence of a stream that goes on.
+    events_after_terminator: int = 0
     rejection: Rejection | None = None  # set for non-2xx bodies and error frames
     # The prompt tokens a context-length rejection says the engine counted, where it says.
     stated_prompt_tokens: int | None = None
@@ -195,6 +201,9 @@ class PlannedPrompt:
     tolerance: int  # tokens of slack when comparing planned and reported usage
     max_tokens: int
     tokenize_calls: int = 0  # full-prompt tokenize calls spent planning it
+    # The window the probe was sized against: no engine that honours it reports reading more
+    # (None: not known, e.g. a plan made outside the runner).
+    window: int | None = None
     token_source: str = "server"
     marker_depth: float = 0.0  # fraction of the filler before the marker
     note: str | None = None  # what planning noticed about the target (added to a failure)
@@ -223,6 +232,6 @@ class Judgement:
     reason: str
     marker_found: bool = False
     foreign: list[ForeignMarker] = field(default_factory=list)
-    token_drift: int | None = None  # reported - planned, when both are known
+    token_drift: int | None = None  # reported - planned, when both are known and believed
     # Per depth, when the prompt carried one marker per depth; empty otherwise.
     depths: list[DepthResult] = field(default_factory=list)

@@ -176,11 +176,13 @@ async def plan_prompt(
     depth: float = 0.0,
     placements: Sequence[Placement] = (),
     max_rounds: int = 6,
+    window: int | None = None,
 ) -> PlannedPrompt:
     """Plan a prompt of ``target_tokens`` prompt tokens as the target counts them.
 
     With two or more ``placements`` the prompt carries each of their markers at its depth,
-    and ``marker``/``depth`` must be the shallowest of them.
+    and ``marker``/``depth`` must be the shallowest of them. ``window`` is the window the
+    size was derived from, kept with the plan for judging the engine's count.
     """
     ordered = tuple(sorted(placements, key=lambda p: p.depth))
     layout: Layout | MultiLayout = Layout(marker, depth)
@@ -228,6 +230,7 @@ async def plan_prompt(
                 marker_depth=depth,
                 note=swallowed_reason(base, total, text_tokens),
                 placements=ordered,
+                window=window,
             )
         # An estimate is steered like an exact count (calibrated, it is the best prediction
         # of the engine's count there is), but its pieces do not add up exactly (rounding),
@@ -262,6 +265,7 @@ async def plan_prompt(
         token_source=counter.source,
         marker_depth=depth,
         placements=ordered,
+        window=window,
     )
 
 

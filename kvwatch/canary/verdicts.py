@@ -63,12 +63,15 @@ def judge(
     engine) means an over-limit prompt must be refused. ``tenant`` is the tenant whose
     credentials this probe was sent with (None: the endpoint's own key).
     """
-    drift = None if ex.prompt_tokens is None else ex.prompt_tokens - plan.planned_tokens
+    doubt = unbelievable_usage(plan, ex)
+    # A count that cannot be believed is no evidence of what was read, nor of drift.
+    reported = None if doubt is not None else ex.prompt_tokens
+    drift = None if reported is None else reported - plan.planned_tokens
     depths = outcomes(plan.placements, ex.answer, foreign) if len(plan.placements) > 1 else []
     if depths:
         # Several markers: the prompt was read whole only if every one came back.
         found = ex.answer is not None and all(d.outcome is DepthOutcome.FOUND for d in depths)
-        lost = localise(depths, planned=plan.planned_tokens, reported=ex.prompt_tokens)
+        lost = localise(depths, planned=plan.planned_tokens, reported=reported)
         where = lost.sentence if lost.lost is not Lost.NONE else None
     else:
         found = ex.answer is not None and markers.contains_marker(ex.answer, plan.marker)
@@ -77,6 +80,14 @@ def judge(
     def verdict(v: V, reason: str) -> Judgement:
         if where is not None and v in _LOCALISED:
             reason = f"{reason}; {where}" if v in _LEAKS else f"{reason}: {where}"
+        if ex.events_after_terminator:
+            # Evidence only: what followed the terminator was not read as the answer, so it
+            # cannot change the verdict, but an engine that keeps talking is worth a look.
+            n = ex.events_after_terminator
+            reason = (
+                f"{reason}; the stream went on after its terminator "
+                f"({n} event{'' if n == 1 else 's'}, not read)"
+            )
         return Judgement(
             v,
             reason,
@@ -116,8 +127,37 @@ def judge(
         )
 
     if plan.kind is ProbeKind.OVER:
-        return _judge_over(plan, ex, verdict, truncates_to)
-    return _judge_recall(plan, ex, found, drift, verdict)
+        return _judge_over(plan, ex, verdict, truncates_to, doubt)
+    return _judge_recall(plan, ex, found, drift, verdict, doubt)
+
+
+def unbelievable_usage(plan: PlannedPrompt, ex: Exchange) -> str | None:
+    """Why the engine's usage report cannot be believed, naming the value; None if it can.
+
+    A count that is no count (negative, fractional, a string...) is recorded as such by the
+    adapter. A prompt count past the window the probe was sized against is no counting drift
+    either: no engine that honours the window read that much. A prompt planned past the
+    window (an over probe) may be read whole, where the window is not enforced, but no engine
+    reads more than the prompt it was sent (within the plan's tolerance).
+    """
+    if ex.unusable_usage is not None:
+        return ex.unusable_usage
+    reported, window = ex.prompt_tokens, plan.window
+    if reported is None or window is None:
+        return None
+    prompt = plan.planned_tokens + plan.tolerance
+    if reported <= max(window, prompt):
+        return None
+    if prompt > window:
+        return (
+            f"prompt_tokens {reported} for a {plan.planned_tokens}-token prompt "
+            f"on a {window}-token window"
+        )
+    return f"prompt_tokens {reported} on a {window}-token window"
+
+
+def _doubted(doubt: str) -> str:
+    return f"the engine's usage report cannot be believed: {doubt}"
 
 
 def cross_tenant_markers(
@@ -134,7 +174,11 @@ def cross_tenant_markers(
 
 
 def _judge_over(
-    plan: PlannedPrompt, ex: Exchange, verdict: _Make, truncates_to: int | None
+    plan: PlannedPrompt,
+    ex: Exchange,
+    verdict: _Make,
+    truncates_to: int | None,
+    doubt: str | None,
 ) -> Judgement:
     status = ex.status or 0
     if 200 <= status < 300:
@@ -149,14 +193,19 @@ def _judge_over(
                 f"{ex.error_detail or 'unusable body'}",
             )
         if truncates_to is not None:
+            if doubt is not None:
+                # The cut is the only thing this probe can show, and only usage shows it.
+                return verdict(V.ERROR, _doubted(doubt))
             return _judge_cut(plan, ex, verdict, truncates_to)
+        accepted = f"over-limit prompt accepted with HTTP {status}"
+        # Accepting is the finding whatever the engine counted; a count it cannot mean is
+        # said too, so the evidence does not rest on it.
+        if doubt is not None:
+            return verdict(V.OVER_ACCEPTED, f"{accepted}; {_doubted(doubt)}")
         missed = _missed_over(plan, ex)
         if missed is not None:
             return verdict(V.SIZING_MISS, missed)
-        return verdict(
-            V.OVER_ACCEPTED,
-            f"over-limit prompt accepted with HTTP {status}{_counted(plan, ex)}",
-        )
+        return verdict(V.OVER_ACCEPTED, f"{accepted}{_counted(plan, ex)}")
     if 400 <= status < 500 and ex.rejection is Rejection.CONTEXT_LENGTH:
         return verdict(V.PASS, f"rejected with HTTP {status} context-length error")
     if 400 <= status < 500:
@@ -202,6 +251,7 @@ def _judge_recall(
     found: bool,
     drift: int | None,
     verdict: _Make,
+    doubt: str | None,
 ) -> Judgement:
     status = ex.status or 0
     if 400 <= status < 500:
@@ -223,6 +273,9 @@ def _judge_recall(
         return verdict(V.STREAM_ERROR, "stream ended without its terminator")
     if not ex.body_parsed or ex.answer is None:
         return verdict(V.ERROR, f"unusable 2xx body: {ex.error_detail or 'no answer'}")
+    if doubt is not None:
+        # Neither a cut nor a whole read can be told from a count the engine cannot mean.
+        return verdict(V.ERROR, _doubted(doubt))
     if ex.prompt_tokens is None:
         # Without usage nothing proves the engine read the whole prompt.
         return verdict(V.ERROR, "engine reported no usage.prompt_tokens")
@@ -248,7 +301,8 @@ def _judge_recall(
             )
         return verdict(V.MARKER_MISSING, "200 but the answer lacks the marker")
     if drift > plan.tolerance:
-        # More tokens than planned is a counting problem, never an incident (DESIGN §3).
+        # More tokens than planned, and no more than the window holds, is a counting
+        # problem, never an incident (DESIGN §3).
         return verdict(
             V.PASS,
             f"marker recalled; usage drift +{drift} tokens beyond tolerance: recalibrate",

@@ -37,25 +37,37 @@ from kvwatch.engines.openai import (
     OpenAIEngine,
     StreamAccumulator,
     json_int,
+    shown,
+    token_count,
 )
 from kvwatch.engines.rejections import error_message, is_context_length_payload
-from kvwatch.engines.sse import EventStreamReader
+from kvwatch.engines.sse import EventStreamReader, SSEEvent
 
 ANTHROPIC_VERSION = "2023-06-01"
 
 
-def prompt_tokens_of(usage: Any) -> int | None:
-    """Every prompt token the request carried, cached or not."""
+def prompt_tokens_of(usage: Any) -> tuple[int | None, str | None]:
+    """Every prompt token the request carried, cached or not, and what in ``usage`` is no
+    count (then the total is unknown: ``None``)."""
+    if usage is None:
+        return None, None
     if not isinstance(usage, dict):
-        return None
-    base = json_int(usage.get("input_tokens"))
-    if base is None:
-        return None
-    cached = (
-        json_int(usage.get(k)) or 0
-        for k in ("cache_read_input_tokens", "cache_creation_input_tokens")
-    )
-    return base + sum(cached)
+        return None, f"usage {shown(usage)}"
+    parts = [
+        token_count(usage.get(k), f"usage.{k}")
+        for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    ]
+    unusable = next((bad for _, bad in parts if bad is not None), None)
+    base = parts[0][0]
+    if base is None or unusable is not None:
+        return None, unusable
+    return base + sum(count or 0 for count, _ in parts[1:]), None
+
+
+def _output_tokens(usage: Any) -> tuple[int | None, str | None]:
+    if not isinstance(usage, dict):
+        return None, None
+    return token_count(usage.get("output_tokens"), "usage.output_tokens")
 
 
 def split_system(messages: Sequence[Message]) -> tuple[str | None, list[dict[str, str]]]:
@@ -85,11 +97,14 @@ def parse_message(payload: Any) -> Completion:
     )
     usage = payload.get("usage")
     stop = payload.get("stop_reason")
+    prompt_tokens, bad_prompt = prompt_tokens_of(usage)
+    completion_tokens, bad_completion = _output_tokens(usage)
     return Completion(
         answer=text[:ANSWER_CHARS],
         finish_reason=stop if isinstance(stop, str) else None,
-        prompt_tokens=prompt_tokens_of(usage),
-        completion_tokens=json_int(usage.get("output_tokens")) if isinstance(usage, dict) else None,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        unusable_usage=bad_prompt or bad_completion,
     )
 
 
@@ -98,15 +113,18 @@ class AnthropicStreamReader(EventStreamReader):
 
     def __init__(self, exchange: Exchange) -> None:
         super().__init__(exchange)
-        self._stopped = False
         self._started = False
 
-    @property
-    def _ended(self) -> bool:
-        return self._stopped
+    def _is_last(self, event: SSEEvent) -> bool:
+        # The event's own type decides, as in _event; the SSE event name only without one.
+        try:
+            payload: Any = json.loads(event.data)
+        except ValueError:
+            return False
+        return isinstance(payload, dict) and payload.get("type", event.event) == "message_stop"
 
     def _completed(self) -> bool:
-        return self._stopped and self._started
+        return self._ended and self._started
 
     def _missing_end(self) -> str:
         return "stream ended without message_stop"
@@ -136,7 +154,8 @@ class AnthropicStreamReader(EventStreamReader):
             self._started = True
             message = payload.get("message")
             if isinstance(message, dict):
-                ex.prompt_tokens = prompt_tokens_of(message.get("usage"))
+                ex.prompt_tokens, unusable = prompt_tokens_of(message.get("usage"))
+                ex.unusable_usage = ex.unusable_usage or unusable
         elif kind == "content_block_delta":
             delta = payload.get("delta")
             text = delta.get("text") if isinstance(delta, dict) else None
@@ -149,9 +168,8 @@ class AnthropicStreamReader(EventStreamReader):
                 ex.finish_reason = delta["stop_reason"]
             usage = payload.get("usage")
             if isinstance(usage, dict):
-                ex.completion_tokens = json_int(usage.get("output_tokens"))
-        elif kind == "message_stop":
-            self._stopped = True
+                ex.completion_tokens, unusable = _output_tokens(usage)
+                ex.unusable_usage = ex.unusable_usage or unusable
 
 
 class AnthropicEngine(OpenAIEngine):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -80,12 +81,7 @@ class OpenAICompletionsEngine(OpenAIEngine):
     def _parse_completion(self, payload: Any, headers: httpx.Headers) -> Completion:
         parsed = parse_completion(as_chat_payload(payload))
         if parsed.answer is not None:
-            return Completion(
-                answer=parsed.answer[:ANSWER_CHARS],
-                finish_reason=parsed.finish_reason,
-                prompt_tokens=parsed.prompt_tokens,
-                completion_tokens=parsed.completion_tokens,
-            )
+            return replace(parsed, answer=parsed.answer[:ANSWER_CHARS])
         return parsed
 
     async def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:

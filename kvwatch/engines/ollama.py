@@ -39,6 +39,7 @@ from kvwatch.engines.openai import (
     OpenAIEngine,
     StreamAccumulator,
     json_int,
+    token_count,
 )
 from kvwatch.engines.rejections import error_message, is_context_length_payload
 
@@ -57,12 +58,21 @@ def parse_ollama_chat(payload: Any) -> Completion:
     if not isinstance(content, str):
         return Completion(problem="2xx body has no message.content")
     reason = payload.get("done_reason")
+    prompt_tokens, completion_tokens, unusable = _counts(payload)
     return Completion(
         answer=content[:ANSWER_CHARS],
         finish_reason=reason if isinstance(reason, str) else None,
-        prompt_tokens=json_int(payload.get("prompt_eval_count")),
-        completion_tokens=json_int(payload.get("eval_count")),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        unusable_usage=unusable,
     )
+
+
+def _counts(payload: dict[str, Any]) -> tuple[int | None, int | None, str | None]:
+    """Prompt and answer tokens of a final ``/api/chat`` object, and what of them is no count."""
+    prompt, bad_prompt = token_count(payload.get("prompt_eval_count"), "prompt_eval_count")
+    completion, bad_completion = token_count(payload.get("eval_count"), "eval_count")
+    return prompt, completion, bad_prompt or bad_completion
 
 
 class NDJSONReader:
@@ -84,12 +94,16 @@ class NDJSONReader:
     def feed(self, data: bytes) -> None:
         self._buffer += data
         *lines, self._buffer = self._buffer.split(b"\n")
-        if len(self._buffer) > self._max_line:
-            self.exchange.error_detail = f"NDJSON line longer than {self._max_line} bytes"
-            self._buffer = b""
         for line in lines:
             if line.strip():
                 self._line(line)
+        if len(self._buffer) > self._max_line:
+            if self._done:
+                # Past the done line nothing is read, however long.
+                self.exchange.events_after_terminator += 1
+            else:
+                self.exchange.error_detail = f"NDJSON line longer than {self._max_line} bytes"
+            self._buffer = b""
 
     def finish(self) -> None:
         if self._buffer.strip():
@@ -107,6 +121,10 @@ class NDJSONReader:
 
     def _line(self, line: bytes) -> None:
         ex = self.exchange
+        if self._done:
+            # The done line ends the answer, in this read or a later one.
+            ex.events_after_terminator += 1
+            return
         try:
             payload: Any = json.loads(line)
         except ValueError:
@@ -135,8 +153,8 @@ class NDJSONReader:
             self._done = True
             reason = payload.get("done_reason")
             ex.finish_reason = reason if isinstance(reason, str) else ex.finish_reason
-            ex.prompt_tokens = json_int(payload.get("prompt_eval_count"))
-            ex.completion_tokens = json_int(payload.get("eval_count"))
+            ex.prompt_tokens, ex.completion_tokens, unusable = _counts(payload)
+            ex.unusable_usage = ex.unusable_usage or unusable
 
 
 class OllamaEngine(OpenAIEngine):

@@ -12,7 +12,7 @@ import asyncio
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 import httpx
@@ -83,6 +83,7 @@ class Completion:
     completion_tokens: int | None = None
     problem: str | None = None
     error_payload: Any = None
+    unusable_usage: str | None = None  # as Exchange.unusable_usage
 
 
 def parse_completion(payload: Any) -> Completion:
@@ -95,34 +96,28 @@ def parse_completion(payload: Any) -> Completion:
             problem=one_line(f"2xx body carries an error object: {said}"),
             error_payload=payload,
         )
-    prompt_tokens, completion_tokens = _usage(payload.get("usage"))
-    choices = payload.get("choices")
+    prompt_tokens, completion_tokens, unusable = _usage(payload.get("usage"))
+    return replace(
+        _first_choice(payload.get("choices")),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        unusable_usage=unusable,
+    )
+
+
+def _first_choice(choices: Any) -> Completion:
     if not isinstance(choices, list):
-        return Completion(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            problem="2xx body has no choices array",
-        )
+        return Completion(problem="2xx body has no choices array")
     if not choices:
-        return Completion(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            problem="2xx body has an empty choices array",
-        )
+        return Completion(problem="2xx body has an empty choices array")
     choice = choices[0]
     message = choice.get("message") if isinstance(choice, dict) else None
     if not isinstance(message, dict):
-        return Completion(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            problem="choices[0] has no message object",
-        )
+        return Completion(problem="choices[0] has no message object")
     content = message.get("content")
     if content is not None and not isinstance(content, str):
         return Completion(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            problem=f"choices[0].message.content is a {type(content).__name__}, not a string",
+            problem=f"choices[0].message.content is a {type(content).__name__}, not a string"
         )
     finish = choice.get("finish_reason")
     return Completion(
@@ -130,15 +125,18 @@ def parse_completion(payload: Any) -> Completion:
         # malformed body: the marker is then missing, which is the finding.
         answer=(content or "")[:ANSWER_CHARS],
         finish_reason=finish if isinstance(finish, str) else None,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
     )
 
 
-def _usage(usage: Any) -> tuple[int | None, int | None]:
+def _usage(usage: Any) -> tuple[int | None, int | None, str | None]:
+    """Prompt and completion tokens of an OpenAI ``usage`` object, and what in it is no count."""
+    if usage is None:
+        return None, None, None
     if not isinstance(usage, dict):
-        return None, None
-    return json_int(usage.get("prompt_tokens")), json_int(usage.get("completion_tokens"))
+        return None, None, f"usage {shown(usage)}"
+    prompt, bad_prompt = token_count(usage.get("prompt_tokens"), "usage.prompt_tokens")
+    completion, bad = token_count(usage.get("completion_tokens"), "usage.completion_tokens")
+    return prompt, completion, bad_prompt or bad
 
 
 def json_int(value: Any) -> int | None:
@@ -152,20 +150,44 @@ def positive_int(value: Any) -> int | None:
     return number if number is not None and number > 0 else None
 
 
-def reject_implausible_usage(exchange: Exchange) -> None:
-    """Drop token counts no engine can mean (negative, or past any real window), and say so.
+def token_count(value: Any, field: str) -> tuple[int | None, str | None]:
+    """A token count the engine reported under ``field``: ``(count, None)``; ``(None, None)``
+    when it reported none (absent, null); ``(None, "<field> <value>")`` when what it sent is no
+    count (negative, fractional, a string, a bool, past any window). Not reading such a value
+    as "no usage" keeps what the engine said as evidence, and the verdict off a pass. Pure."""
+    if value is None:
+        return None, None
+    count = json_int(value)
+    if count is not None and 0 <= count <= MAX_TOKEN_COUNT:
+        return count, None
+    return None, f"{field} {shown(value)}"
 
-    Every adapter's body parsing ends here. A count like 10**30 would also overflow the
-    store's 64-bit column and lose the whole probe, so it must not leave the adapter. Pure."""
+
+def shown(value: Any) -> str:
+    """A reported value as the engine sent it (JSON), short enough for a reason. Pure."""
+    if json_int(value) is not None and abs(value) >= 10**15:
+        return f"{value:.3e}"
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "…"
+
+
+def reject_implausible_usage(exchange: Exchange) -> None:
+    """Drop token counts no engine can mean (negative, or past any real window), keeping what
+    was reported as ``unusable_usage``.
+
+    Every adapter's body parsing ends here, after counts were added up (Anthropic's cached
+    prompt tokens). A count like 10**30 would also overflow the store's 64-bit column and lose
+    the whole probe, so it must not leave the adapter. Pure."""
     for name in ("prompt_tokens", "completion_tokens"):
         value = getattr(exchange, name)
         if value is None or 0 <= value <= MAX_TOKEN_COUNT:
             continue
         setattr(exchange, name, None)
-        exchange.body_parsed = False
-        if exchange.error_detail is None:
-            shown = str(value) if abs(value) < 10**15 else f"{value:.3e}"
-            exchange.error_detail = f"reported usage.{name} is {shown}, not a token count"
+        if exchange.unusable_usage is None:
+            exchange.unusable_usage = f"{name} {shown(value)}"
 
 
 class StreamAccumulator(Protocol):
@@ -209,6 +231,7 @@ class StreamReader:
             self._event(event.data, event.event)
         ex = self.exchange
         ex.stream_terminated = self.parser.done
+        ex.events_after_terminator = self.parser.after_done
         ex.answer = "".join(self._answer)
         if ex.stream_error_frame:
             ex.body_parsed = False
@@ -237,7 +260,9 @@ class StreamReader:
                 ex.error_detail = f"SSE frame is a JSON {type(payload).__name__}, not an object"
             return
         self.chunks += 1
-        prompt_tokens, completion_tokens = _usage(payload.get("usage"))
+        prompt_tokens, completion_tokens, unusable = _usage(payload.get("usage"))
+        if unusable is not None and ex.unusable_usage is None:
+            ex.unusable_usage = unusable
         if prompt_tokens is not None:
             ex.prompt_tokens = prompt_tokens
         if completion_tokens is not None:
@@ -446,7 +471,9 @@ class OpenAIEngine:
                     raise BodyTooLarge(self.body_limit_bytes)
                 reader.feed(chunk)
                 if reader.done:
-                    break  # anything after [DONE] is not part of the answer
+                    # The reader ignores anything after the terminator, in this read or any
+                    # later one; reading on could only wait for a peer that does not stop.
+                    break
         finally:
             # Even a cut stream keeps what arrived: a partial answer is evidence.
             reader.finish()
@@ -464,6 +491,7 @@ class OpenAIEngine:
         parsed = self._parse_completion(payload, headers)
         exchange.prompt_tokens = parsed.prompt_tokens
         exchange.completion_tokens = parsed.completion_tokens
+        exchange.unusable_usage = parsed.unusable_usage
         exchange.finish_reason = parsed.finish_reason
         if parsed.problem is not None:
             exchange.body_parsed = False

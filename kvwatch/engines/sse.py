@@ -9,13 +9,21 @@ decode error; the only error is :class:`SSEDecodeError` for a line or event over
 
 OpenAI-compatible streams end with a ``data: [DONE]`` event. The parser swallows that event and
 sets :attr:`SSEParser.done`; :attr:`SSEParser.cut_mid_event` tells, after :meth:`close`, whether
-the stream stopped inside an event (a connection cut) rather than between events.
+the stream stopped inside an event (a connection cut) rather than between events. APIs whose
+last event carries content (Anthropic's ``message_stop``, TGI's final event) give ``is_last``
+instead: that event is returned, and ends the stream.
+
+Nothing after the end is part of the stream, whether it arrived in the read that carried the
+terminator or later: how TCP packs the bytes must not change an answer. Such events are only
+counted (:attr:`SSEParser.after_done`), without size limits or parsing, since a stream that
+keeps talking after its end is evidence, never content.
 """
 
 from __future__ import annotations
 
 import codecs
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvwatch.canary.model import Exchange
@@ -39,9 +47,16 @@ class SSEEvent:
 class SSEParser:
     """Feed chunks with :meth:`feed`; call :meth:`close` at end of stream."""
 
-    def __init__(self, *, max_event_chars: int = 1 << 20, terminator: str | None = DONE) -> None:
+    def __init__(
+        self,
+        *,
+        max_event_chars: int = 1 << 20,
+        terminator: str | None = DONE,
+        is_last: Callable[[SSEEvent], bool] | None = None,
+    ) -> None:
         self._max = max_event_chars
         self._terminator = terminator
+        self._is_last = is_last
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._line = ""  # the unterminated tail of the last chunk
         self._skip_lf = False  # the previous chunk ended in CR: a leading LF belongs to it
@@ -52,9 +67,11 @@ class SSEParser:
         self._id: str | None = None
         self._last_id: str | None = None
         self._pending_fields = False  # a field line arrived since the last dispatch
+        self._pending_data = False  # after the end: a data line arrived since the last one
         self.done = False
         self.cut_mid_event = False
         self.closed = False
+        self.after_done = 0  # events (whole or cut) the stream sent after its end
 
     def feed(self, chunk: bytes | str) -> list[SSEEvent]:
         text = self._decoder.decode(chunk) if isinstance(chunk, bytes) else chunk
@@ -75,7 +92,10 @@ class SSEParser:
             # An unterminated last line: complete in content only if it is the terminator.
             line, self._line = self._line, ""
             self._field_line(line)
-        if self._pending_fields:
+        if self.done:
+            if self._pending_data:
+                self.after_done += 1
+        elif self._pending_fields:
             if self._terminator is not None and "\n".join(self._data) == self._terminator:
                 self.done = True
             else:
@@ -107,7 +127,10 @@ class SSEParser:
                 events.append(event)
         self._line = buf[start:]
         if len(self._line) > self._max:
-            raise SSEDecodeError(f"SSE line longer than {self._max} characters")
+            if not self.done:
+                raise SSEDecodeError(f"SSE line longer than {self._max} characters")
+            # Past the end only whether a line holds a data field matters: keep its start.
+            self._line = self._line[:16]
         return events
 
     def _line_done(self, line: str) -> SSEEvent | None:
@@ -122,6 +145,10 @@ class SSEParser:
         name, sep, value = line.partition(":")
         if sep and value.startswith(" "):
             value = value[1:]
+        if self.done:
+            # Past the end: counted, not kept.
+            self._pending_data |= name == "data"
+            return
         if name == "data":
             self._data_chars += len(value) + 1
             if self._data_chars > self._max:
@@ -138,6 +165,11 @@ class SSEParser:
         # "retry" and unknown fields are ignored, as the spec says.
 
     def _dispatch(self) -> SSEEvent | None:
+        if self.done:
+            if self._pending_data:
+                self.after_done += 1
+            self._reset_event()
+            return None
         if self._id is not None:
             self._last_id = self._id
         if not self._data:
@@ -149,6 +181,8 @@ class SSEParser:
         if self._terminator is not None and data == self._terminator:
             self.done = True
             return None
+        if self._is_last is not None and self._is_last(event):
+            self.done = True
         return event
 
     def _reset_event(self) -> None:
@@ -157,6 +191,7 @@ class SSEParser:
         self._event = None
         self._id = None
         self._pending_fields = False
+        self._pending_data = False
 
 
 def parse_all(chunks: list[bytes] | list[str]) -> tuple[list[SSEEvent], SSEParser]:
@@ -171,17 +206,20 @@ def parse_all(chunks: list[bytes] | list[str]) -> tuple[list[SSEEvent], SSEParse
 
 class EventStreamReader:
     """Shared part of the adapters' SSE readers (Anthropic, TGI): feed bytes, then settle the
-    exchange at the end. Subclasses handle each event and say whether the stream ended as
-    its API ends one (``_ended``), whether that makes a completion, and what was missing."""
+    exchange at the end. Subclasses handle each event, recognise the event that ends a stream
+    of their API (``_is_last``), and say whether that makes a completion and what was missing."""
 
     def __init__(self, exchange: Exchange) -> None:
         self.exchange = exchange
-        self.parser = SSEParser(terminator=None)
+        self.parser = SSEParser(terminator=None, is_last=self._is_last)
         self._answer: list[str] = []
         self._chars = 0
 
     @property
     def _ended(self) -> bool:
+        return self.parser.done
+
+    def _is_last(self, event: SSEEvent) -> bool:
         raise NotImplementedError
 
     def _completed(self) -> bool:
@@ -206,6 +244,7 @@ class EventStreamReader:
             self._event(event.data, event.event)
         ex = self.exchange
         ex.stream_terminated = self._ended
+        ex.events_after_terminator = self.parser.after_done
         ex.answer = "".join(self._answer)
         if ex.stream_error_frame:
             ex.body_parsed = False

@@ -36,9 +36,11 @@ from kvwatch.engines.openai import (
     StreamAccumulator,
     plain_prompt,
     positive_int,
+    shown,
+    token_count,
 )
 from kvwatch.engines.rejections import error_message, is_context_length_payload
-from kvwatch.engines.sse import EventStreamReader
+from kvwatch.engines.sse import EventStreamReader, SSEEvent
 
 
 class TGIEngine(OpenAIEngine):
@@ -116,12 +118,20 @@ class TGIStreamReader(EventStreamReader):
 
     def __init__(self, exchange: Exchange) -> None:
         super().__init__(exchange)
-        self._final = False
         self.events = 0
 
-    @property
-    def _ended(self) -> bool:
-        return self._final
+    def _is_last(self, event: SSEEvent) -> bool:
+        # The final StreamResponse is the one with generated_text; an error frame is not it.
+        try:
+            payload: Any = json.loads(event.data)
+        except ValueError:
+            return False
+        return (
+            isinstance(payload, dict)
+            and event.event != "error"
+            and not payload.get("error")
+            and payload.get("generated_text") is not None
+        )
 
     def _missing_end(self) -> str:
         return f"stream ended without its final event ({self.events} events)"
@@ -155,20 +165,31 @@ class TGIStreamReader(EventStreamReader):
         details = payload.get("details")
         if isinstance(details, dict):
             _read_details(details, ex)
-        if payload.get("generated_text") is not None:
-            self._final = True
 
 
 def _read_details(details: dict[str, Any], ex: Exchange) -> None:
     finish = details.get("finish_reason")
     if isinstance(finish, str):
         ex.finish_reason = finish
-    generated = details.get("generated_tokens")
-    if isinstance(generated, int) and not isinstance(generated, bool):
+    generated, bad_generated = token_count(
+        details.get("generated_tokens"), "details.generated_tokens"
+    )
+    if generated is not None:
         ex.completion_tokens = generated
-    prompt = details.get("input_length")
-    if isinstance(prompt, int) and not isinstance(prompt, bool):
+    prompt, bad_prompt = token_count(details.get("input_length"), "details.input_length")
+    if prompt is not None:
         ex.prompt_tokens = prompt
+    ex.unusable_usage = ex.unusable_usage or bad_prompt or bad_generated
+
+
+def _prompt_header(headers: httpx.Headers) -> tuple[int | None, str | None]:
+    """The prompt size /generate reports in its ``x-prompt-tokens`` header."""
+    value = headers.get("x-prompt-tokens", "").strip()
+    if not value:
+        return None, None
+    if value.isascii() and value.isdigit():
+        return token_count(int(value), "x-prompt-tokens")
+    return None, f"x-prompt-tokens {shown(value)}"
 
 
 class TGIGenerateEngine(TGIEngine):
@@ -191,8 +212,7 @@ class TGIGenerateEngine(TGIEngine):
     def _parse_completion(self, payload: Any, headers: httpx.Headers) -> Completion:
         if isinstance(payload, list) and len(payload) == 1:
             payload = payload[0]  # the compat route answers a one-element list
-        prompt = headers.get("x-prompt-tokens", "")
-        prompt_tokens = int(prompt) if prompt.isdigit() else None
+        prompt_tokens, unusable = _prompt_header(headers)
         if not isinstance(payload, dict):
             return Completion(problem="2xx body is not a generation object")
         if payload.get("error"):
@@ -202,7 +222,11 @@ class TGIGenerateEngine(TGIEngine):
             )
         text = payload.get("generated_text")
         if not isinstance(text, str):
-            return Completion(prompt_tokens=prompt_tokens, problem="2xx body has no generated_text")
+            return Completion(
+                prompt_tokens=prompt_tokens,
+                unusable_usage=unusable,
+                problem="2xx body has no generated_text",
+            )
         probe = Exchange()
         details = payload.get("details")
         if isinstance(details, dict):
@@ -212,6 +236,7 @@ class TGIGenerateEngine(TGIEngine):
             finish_reason=probe.finish_reason,
             prompt_tokens=prompt_tokens if prompt_tokens is not None else probe.prompt_tokens,
             completion_tokens=probe.completion_tokens,
+            unusable_usage=unusable or probe.unusable_usage,
         )
 
     async def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:

@@ -27,18 +27,27 @@ STATIC = Path(__file__).parent / "static"
 __all__ = ["WebContext", "WebSettings", "create_app"]
 
 
+OPENAPI_URL = "/api/v1/openapi.json"
+
+
 def create_app(ctx: WebContext) -> FastAPI:
-    # No Swagger UI or ReDoc: both load their code from a CDN. The document itself is served.
+    # No Swagger UI or ReDoc: both load their code from a CDN. The document itself is served,
+    # by a route of our own (openapi_url=None): FastAPI's would answer without credentials.
     app = FastAPI(
         title="kvwatch",
         version=__version__,
         description="Boundary-canary results of LLM serving endpoints. A 200 is not a pass.",
         docs_url=None,
         redoc_url=None,
-        openapi_url="/api/v1/openapi.json",
+        openapi_url=None,
     )
     guard = [Depends(RequireAuth(ctx.settings))] if ctx.settings.auth_required else []
     ops_guard = guard if ctx.settings.protect_metrics else []
+
+    @app.get(OPENAPI_URL, include_in_schema=False, dependencies=guard)
+    def openapi() -> JSONResponse:
+        # The API's own description is part of the API: the same credentials guard it.
+        return JSONResponse(app.openapi())
 
     @app.exception_handler(StoreError)
     async def store_unavailable(request: Request, exc: StoreError) -> Response:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvwatch.canary.edge import judge_edge
 from kvwatch.canary.model import (
     Exchange,
     ForeignMarker,
+    Judgement,
     Message,
     PlannedPrompt,
     ProbeKind,
@@ -275,3 +278,118 @@ def test_truncates_to_only_softens_an_accepted_over_probe(kind, ex, window):
         assert soft in (Verdict.OVER_ACCEPTED, Verdict.ERROR)
     else:
         assert soft is hard
+
+
+@pytest.mark.parametrize(
+    ("kind", "exchange"),
+    [(UN, ok()), (UN, ok(answer="no code")), (BL, ok(prompt_tokens=3)), (OV, ok())],
+)
+def test_a_stream_that_went_on_after_its_terminator_says_so_without_changing_the_verdict(
+    kind, exchange
+):
+    """Events after the terminator are named in the reason, and the verdict stays the same."""
+    plain = judge(plan(kind), exchange)
+    talked = judge(plan(kind), dataclasses.replace(exchange, events_after_terminator=2))
+    assert talked.verdict is plain.verdict
+    assert talked.reason == (
+        f"{plain.reason}; the stream went on after its terminator (2 events, not read)"
+    )
+
+
+# A report the engine cannot mean is no counting drift: whatever the kind, the probe does not
+# pass, and its reason names the value (DESIGN §2, "never a pass by default").
+SIZED = 4096  # the window the plans below were sized against
+DOUBT = "the engine's usage report cannot be believed: "
+BEYOND = DOUBT + "prompt_tokens 1000000000000 on a 4096-token window"
+E12 = 10**12
+# How each kind is planned: edge, like over, at least its size; bisect like under.
+PLANNED_AS = {"under": UN, "baseline": BL, "edge": OV, "bisect": UN, "over": OV, "ollama-over": OV}
+
+
+def judge_as(kind: str, planned: int, usage: int | str) -> Judgement:
+    """Judge an answer as the runner does for ``kind``, its plan sized against SIZED.
+
+    ``usage`` is the prompt count the engine reported, or (a string) the count that is no
+    count which the adapter recorded instead. Over probes are answered without the marker.
+    """
+    p = dataclasses.replace(plan(PLANNED_AS[kind], planned), window=SIZED)
+    answer = "no code" if kind in ("over", "ollama-over") else MARKER
+    if isinstance(usage, str):
+        ex = ok(answer=answer, prompt_tokens=None, unusable_usage=usage)
+    else:
+        ex = ok(answer=answer, prompt_tokens=usage)
+    if kind == "edge":
+        return judge_edge(p, ex)
+    if kind == "bisect":
+        return judge(dataclasses.replace(p, kind=ProbeKind.UNDER), ex)
+    if kind == "ollama-over":
+        return judge(p, ex, truncates_to=SIZED)
+    return judge(p, ex)
+
+
+IMPOSSIBLE_USAGE = [
+    # (kind, planned prompt tokens, usage reported, verdict, reason)
+    ("under", 4064, E12, Verdict.ERROR, BEYOND),
+    ("under", 4064, 4097, Verdict.ERROR, DOUBT + "prompt_tokens 4097 on a 4096-token window"),
+    ("baseline", 1536, E12, Verdict.ERROR, BEYOND),
+    ("edge", 3001, E12, Verdict.ERROR, BEYOND),
+    ("bisect", 2048, E12, Verdict.ERROR, BEYOND),
+    ("under", 4064, "usage.prompt_tokens -7", Verdict.ERROR, DOUBT + "usage.prompt_tokens -7"),
+    (
+        "baseline",
+        1536,
+        'usage.prompt_tokens "1536"',
+        Verdict.ERROR,
+        DOUBT + 'usage.prompt_tokens "1536"',
+    ),
+    (
+        "edge",
+        3001,
+        "usage.prompt_tokens 3001.5",
+        Verdict.ERROR,
+        DOUBT + "usage.prompt_tokens 3001.5",
+    ),
+    ("bisect", 2048, "usage.prompt_tokens true", Verdict.ERROR, DOUBT + "usage.prompt_tokens true"),
+    # A prompt planned past the window (Ollama's over probe) may be read whole, not past itself.
+    (
+        "ollama-over",
+        4097,
+        E12,
+        Verdict.ERROR,
+        DOUBT + "prompt_tokens 1000000000000 for a 4097-token prompt on a 4096-token window",
+    ),
+    ("ollama-over", 4097, "prompt_eval_count -1", Verdict.ERROR, DOUBT + "prompt_eval_count -1"),
+    # A hard-limit engine that answered an over probe is over_accepted whatever it counted.
+    (
+        "over",
+        4049,
+        E12,
+        Verdict.OVER_ACCEPTED,
+        "over-limit prompt accepted with HTTP 200; " + BEYOND,
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "planned", "usage", "verdict", "reason"), IMPOSSIBLE_USAGE)
+def test_usage_the_engine_cannot_mean_is_never_a_pass_and_names_the_value(
+    kind, planned, usage, verdict, reason
+):
+    """Prompt tokens past the window, negative or not an integer: no pass, the value named."""
+    j = judge_as(kind, planned, usage)
+    assert (j.verdict, j.reason) == (verdict, reason)
+
+
+@pytest.mark.parametrize(
+    ("kind", "planned", "reported"),
+    [
+        ("under", 4064, SIZED),
+        ("baseline", 1536, 3000),
+        ("edge", 3001, 3051),
+        ("ollama-over", 4097, 4097),
+    ],
+)
+def test_a_count_the_window_can_hold_is_still_drift_or_evidence(kind, planned, reported):
+    """Up to the window (or the prompt planned past it) a count is believed, as before."""
+    j = judge_as(kind, planned, reported)
+    assert not j.reason.startswith(DOUBT)
+    assert j.verdict in (Verdict.PASS, Verdict.OVER_ACCEPTED)

@@ -77,6 +77,7 @@ async def run_probe(
         marker=new_marker(),
         max_tokens=MAX_TOKENS,
         rng=random.Random(7),
+        window=window,
     )
     exchange = await engine.chat(plan.messages, max_tokens=MAX_TOKENS, stream=stream, timeout=60)
     if kind == "edge":

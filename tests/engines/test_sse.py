@@ -145,3 +145,37 @@ def test_data_written_as_sse_reads_back_unchanged(payloads: list[str], data: st.
     expected = [p for p in payloads if p != "[DONE]"]
     assert [e.data for e in events] == expected
     assert parser.done
+
+
+AFTER_DONE = b'data: {"a": 1}\n\ndata: [DONE]\n\ndata: {"b": 2}\n\ndata: {"c": 3}\n\n'
+
+
+def test_events_after_done_in_the_same_read_are_not_part_of_the_stream() -> None:
+    """Events that follow [DONE] in the chunk that carried it are counted, never returned."""
+    parser = SSEParser()
+    events = parser.feed(AFTER_DONE)
+    events += parser.close()
+    assert [e.data for e in events] == ['{"a": 1}']
+    assert parser.done
+    assert parser.after_done == 2
+    assert not parser.cut_mid_event
+
+
+@pytest.mark.parametrize("cut", range(1, len(AFTER_DONE)))
+def test_events_after_done_split_across_reads_are_not_part_of_the_stream(cut: int) -> None:
+    """Wherever the bytes are split, the events after [DONE] are counted, never returned."""
+    events, parser = parse_all([AFTER_DONE[:cut], AFTER_DONE[cut:]])
+    assert [e.data for e in events] == ['{"a": 1}']
+    assert parser.done
+    assert parser.after_done == 2
+
+
+def test_a_cut_or_oversized_event_after_done_neither_fails_nor_cuts_the_stream() -> None:
+    """After the terminator nothing is parsed for content: no size error, no cut stream."""
+    parser = SSEParser(max_event_chars=64)
+    events = parser.feed(b"data: [DONE]\n\ndata: " + b"x" * 1000 + b"\n\ndata: {half")
+    events += parser.close()
+    assert events == []
+    assert parser.done
+    assert not parser.cut_mid_event
+    assert parser.after_done == 2

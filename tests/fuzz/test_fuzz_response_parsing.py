@@ -91,14 +91,16 @@ def test_the_rejection_classifier_is_total_and_status_bound(status: int, body: b
 @FAST
 @given(st.integers(min_value=-(2**80), max_value=2**80))
 def test_implausible_usage_is_dropped_with_a_reason(count: int) -> None:
-    """Negative or astronomical counts never reach the store; plausible ones are kept."""
+    """Negative or astronomical counts never reach the store but are kept as what was sent,
+    and never pass; plausible ones are kept as counts."""
     ex = Exchange(status=200, body_parsed=True, answer="", prompt_tokens=count)
     reject_implausible_usage(ex)
     if 0 <= count <= MAX_TOKEN_COUNT:
-        assert ex.prompt_tokens == count and ex.body_parsed
+        assert ex.prompt_tokens == count and ex.unusable_usage is None
     else:
-        assert ex.prompt_tokens is None and not ex.body_parsed
-        assert ex.error_detail is not None and "usage.prompt_tokens" in ex.error_detail
+        assert ex.prompt_tokens is None
+        assert ex.unusable_usage is not None and ex.unusable_usage.startswith("prompt_tokens ")
+        assert judge(plan(), ex).verdict is Verdict.ERROR
 
 
 def _encode(data: bytes, encoding: str) -> bytes:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import socket
 import ssl
 import struct
@@ -209,6 +210,47 @@ async def sse_frames_not_json(server: HostileServer, w: Writer, request: bytes) 
     await _send(w, "200 OK", SSE, b"data: hello world\n\ndata: [1, 2, 3]\n\ndata: [DONE]\n\n")
 
 
+def _prompt_marker(request: bytes) -> str:
+    found = re.search(rb"KVW-[0-9A-Z]{4}-[0-9A-Z]{4}-[0-9A-Z]{4}", request)
+    return found.group().decode() if found else "none"
+
+
+async def sse_text_after_done(server: HostileServer, w: Writer, request: bytes) -> None:
+    # The prompt's own marker, and other usage, sent after [DONE] in the same write (so in
+    # the same read): only a reader that goes past the terminator finds them.
+    usage = {"choices": [], "usage": {"prompt_tokens": server.claimed_prompt_tokens}}
+    after = {"choices": [], "usage": {"prompt_tokens": 1}}
+    body = (
+        _frame(_delta("I do not know.", "stop"))
+        + _frame(usage)
+        + b"data: [DONE]\n\n"
+        + _frame(_delta(f"The code is {_prompt_marker(request)}."))
+        + _frame(after)
+        + b"data: [DONE]\n\n"
+    )
+    await _send(w, "200 OK", SSE, body)
+
+
+async def impossible_usage(server: HostileServer, w: Writer, request: bytes) -> None:
+    # The right answer, with a prompt count no 4,096-token window can hold.
+    answer = {"content": f"The code is {_prompt_marker(request)}."}
+    body = {
+        "choices": [{"index": 0, "message": answer}],
+        "usage": {"prompt_tokens": 10**12, "completion_tokens": 9},
+    }
+    await _send(w, "200 OK", JSON, json.dumps(body).encode())
+
+
+async def string_usage(server: HostileServer, w: Writer, request: bytes) -> None:
+    # The right answer, with its prompt count as a string.
+    answer = {"content": f"The code is {_prompt_marker(request)}."}
+    body = {
+        "choices": [{"index": 0, "message": answer}],
+        "usage": {"prompt_tokens": str(server.claimed_prompt_tokens), "completion_tokens": 9},
+    }
+    await _send(w, "200 OK", JSON, json.dumps(body).encode())
+
+
 async def serve_garbage(server: HostileServer, w: Writer, request: bytes, key: str) -> None:
     body = server.garbage[key]
     headers = SSE if body.startswith(b"data:") else JSON
@@ -239,6 +281,9 @@ BEHAVIOURS: dict[str, Behaviour] = {
     "http09-garbage": http09_garbage,
     "gzip-bomb": gzip_bomb,
     "sse-frames-not-json": sse_frames_not_json,
+    "sse-text-after-done": sse_text_after_done,
+    "impossible-usage": impossible_usage,
+    "string-usage": string_usage,
 }
 
 
@@ -255,8 +300,9 @@ class HostileServer:
 
     base: str = ""
     elsewhere: str = "http://127.0.0.1:9/v1"  # where redirect-elsewhere points
-    # More than any plan here: the answer reads as complete, so only its content is judged.
-    claimed_prompt_tokens: int = 1_000_000
+    # The whole window the endpoints are given (4,096): more than any plan here, and no more
+    # than an engine could read, so the answer reads as complete and only its content counts.
+    claimed_prompt_tokens: int = 4096
     garbage: dict[str, bytes] = field(default_factory=dict)
     gigantic_bytes_sent: int = 0
     bomb: bytes = b""

@@ -48,11 +48,26 @@ EXPECTED: dict[str, tuple[Verdict, str]] = {
     "no-content": (E, "2xx body is not JSON (0 bytes)"),
     # A null content is an empty answer: the marker is missing, which is the finding.
     "null-content": (Verdict.MARKER_MISSING, "lacks the marker"),
-    "negative-usage": (E, "reported usage.prompt_tokens is -7, not a token count"),
+    "negative-usage": (E, "the engine's usage report cannot be believed: usage.prompt_tokens -7"),
     "huge-sse-lines": (E, "SSE event larger than 1048576 characters"),
     "http09-garbage": (E, "transport failure (read)"),
     "gzip-bomb": (E, "read cap"),
     "sse-frames-not-json": (E, "SSE frame is not JSON: hello world"),
+    # What follows [DONE] (here the marker itself) is not part of the answer, in any read.
+    "sse-text-after-done": (
+        Verdict.MARKER_MISSING,
+        "lacks the marker; the stream went on after its terminator (3 events, not read)",
+    ),
+    # Usage the engine cannot mean: no pass, even with the marker recalled.
+    "impossible-usage": (
+        E,
+        "the engine's usage report cannot be believed: prompt_tokens 1000000000000 on a "
+        "4096-token window",
+    ),
+    "string-usage": (
+        E,
+        'the engine\'s usage report cannot be believed: usage.prompt_tokens "4096"',
+    ),
     "tls-to-plain-http": (E, "SSL"),
     "tls-self-signed": (E, "CERTIFICATE_VERIFY_FAILED"),
 }

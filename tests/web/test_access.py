@@ -3,8 +3,22 @@
 from __future__ import annotations
 
 import base64
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
 
+import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from starlette.routing import Mount
+
+try:
+    from fastapi.routing import iter_route_contexts
+except ImportError:  # an older FastAPI: app.routes is flat, included routers copied in
+
+    def iter_route_contexts(routes: Sequence[Any]) -> Iterator[Any]:  # type: ignore[misc]
+        return iter(routes)
+
 
 from kvwatch.web.settings import WebSettings
 from tests.web.conftest import AppFactory
@@ -68,3 +82,53 @@ def test_pages_answer_bad_parameters_with_a_400_page(
         response = client.get(path)
         assert response.status_code == status, path
         assert text in response.text, path
+
+
+# Answering without credentials on purpose, whatever the settings: static files (CSS) carry
+# no data, and stay open so a login prompt can still be styled.
+ALWAYS_OPEN = {"/static"}
+# Prometheus and kubelets rarely carry credentials: open unless web.protect_metrics (README).
+OPS = {"/metrics", "/healthz", "/readyz"}
+
+
+def _requests(app: FastAPI) -> list[tuple[str, str, str]]:
+    """(route path, method, URL) for every method of every route the app serves, with path
+    parameters filled in: taken from the app itself, so a new route is covered by itself."""
+    requests = []
+    for route in iter_route_contexts(app.routes):
+        path = route.path
+        assert isinstance(path, str), route
+        if isinstance(getattr(route, "original_route", route), Mount):
+            requests.append((path, "GET", f"{path}/anything"))
+            continue
+        url = re.sub(r"\{[^}]+\}", "1", path)
+        methods = route.methods or {"GET"}
+        requests.extend((path, method, url) for method in sorted(methods))
+    return requests
+
+
+@pytest.mark.parametrize("protect_metrics", [False, True])
+def test_every_route_the_app_serves_asks_for_credentials_when_auth_is_set(
+    make_app: AppFactory, protect_metrics: bool
+) -> None:
+    """Walking the app's own routes: 401 without credentials, except the allow-listed few."""
+    settings = WebSettings(basic_auth=("ops", "pw"), protect_metrics=protect_metrics)
+    app = make_app(settings)
+    requests = _requests(app)
+    assert "/api/v1/openapi.json" in {path for path, _, _ in requests}
+    open_paths = ALWAYS_OPEN | (set() if protect_metrics else OPS)
+    client = TestClient(app)
+    for path, method, url in requests:
+        status = client.request(method, url).status_code
+        if path in open_paths:
+            assert status != 401, f"{method} {url} is listed as open but asks for credentials"
+        else:
+            assert status == 401, f"{method} {url} answered {status} without credentials"
+
+
+def test_the_openapi_document_is_served_with_the_credentials(make_app: AppFactory) -> None:
+    """Behind the guard, the document still describes the API to whoever may call it."""
+    client = TestClient(make_app(WebSettings(bearer_token="s3cret")))
+    response = client.get("/api/v1/openapi.json", headers={"Authorization": "Bearer s3cret"})
+    assert response.status_code == 200
+    assert "/api/v1/probes" in response.json()["paths"]
