@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -670,7 +671,8 @@ def plan(config_path: Path | None, output: str) -> None:
 
     from kvwatch.cost import plan_costs
 
-    costs = plan_costs(_load(config_path).resolved_endpoints())
+    config = _load(config_path)
+    costs = plan_costs(config.resolved_endpoints())
     if output == "json":
         for c in costs:
             click.echo(json.dumps({**asdict(c), "kind": c.kind.value}))
@@ -697,6 +699,27 @@ def plan(config_path: Path | None, output: str) -> None:
         click.echo("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in pairs))
     known = [c.prefill_tokens_per_day for c in costs if c.prefill_tokens_per_day is not None]
     click.echo(f"total prefill per day: {sum(known):,.0f} tokens")
+    for line in precision_notes(config.resolved_endpoints()):
+        click.echo(f"NOTE: {line}")
+
+
+def precision_notes(specs: Sequence[EndpointSpec]) -> list[str]:
+    """How precisely each endpoint's canaries hit the boundary: to the token with the
+    engine's tokenizer; within a stated margin when kvwatch estimates."""
+    from kvwatch.tokens.calibration import Calibration
+
+    notes = []
+    for spec in specs:
+        if spec.tokenizer == "server":
+            continue
+        margin = Calibration(observations=1, error=0.0).tolerance(spec.context_window or 0)
+        at = f" ({margin:,} tokens of this window)" if spec.context_window else ""
+        notes.append(
+            f"{spec.name}: tokens are estimated ({spec.tokenizer}): under and over land a "
+            f"margin of 4x the calibrated typical miss from the boundary, at least 2 %{at}, "
+            "wider until the engine's counts are learnt; verdicts use the engine's own count"
+        )
+    return notes
 
 
 @main.group()

@@ -66,6 +66,18 @@ def test_plan_prints_tokens_per_day_and_a_total(tmp_path):
     assert rows[-1]["prefill_tokens_per_day"] == 0
 
 
+def test_plan_states_the_precision_of_an_estimated_endpoint():
+    """An endpoint whose tokens are estimated gets a note with its margin; exact ones none."""
+    from kvwatch.cli import precision_notes
+
+    exact = parse_config(ONE_M).resolved_endpoints()
+    assert precision_notes(exact) == []
+    estimated = parse_config(ONE_M + "    tokenizer: usage\n").resolved_endpoints()
+    [note] = precision_notes(estimated)
+    assert note.startswith("glm-prod: tokens are estimated (usage)")
+    assert "at least 2 % (20,972 tokens of this window)" in note
+
+
 def test_an_unknown_window_is_reported_as_unknown_not_zero():
     """No configured window: the cost is unknown until discovery, never a made-up 0 (the over
     probe, refused at admission, costs no prefill whatever the window)."""
