@@ -7,21 +7,27 @@ the search must find exactly that limit, spending what the engine's own signals 
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from kvwatch.canary.model import ProbeKind, Verdict
 from kvwatch.canary.planning import PlanningError, plan_prompt
 from kvwatch.canary.served import probe_budget
 from kvwatch.daemon import build
+from kvwatch.demo import demo_config
 from kvwatch.runner import ProbeReport, ProbeRunner, Target
+from kvwatch.simulator.fleet import demo_fleet
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.repository import Store
+from kvwatch.web.app import WebContext, create_app
 from tests.helpers.targets import config_for, sim_endpoint_entry, targets_and_runner
 
 UNDER, BASE, BISECT = ProbeKind.UNDER, ProbeKind.BASELINE, ProbeKind.BISECT
@@ -364,3 +370,28 @@ async def test_a_restart_in_the_middle_of_a_streak_does_not_search_again(store: 
         assert [r.kind for r in again] == [UNDER, UNDER]
         assert targets["head"].served is not None
         assert targets["head"].served.served_tokens == POOL
+
+
+@pytest.mark.parametrize("first", [ProbeKind.UNDER, ProbeKind.CAPACITY])
+async def test_the_demo_stale_kv_endpoint_shows_a_served_window_after_its_first_failure(
+    store: Store, first: ProbeKind
+) -> None:
+    """The demo's own stale-kv endpoint, before any baseline passed: whichever confirmed
+    failure comes first (the under probe, or the edge probe after the capacity check), the
+    endpoint page shows what it serves, no larger than its KV pool."""
+    fleet = [ep for ep in demo_fleet() if ep.name == "stale-kv"]
+    async with run_simulator(fleet) as sim, httpx.AsyncClient(timeout=None) as client:
+        (ep,) = fleet
+        urls = {ep.name: (sim.url_for(ep.name), ep.model, ep.window, ep.flavour.value)}
+        targets, runner, _ = targets_and_runner(
+            demo_config(urls, "sqlite:///unused.db"), store, client
+        )
+        reports = await runner.run_checked(targets["stale-kv"], first)
+    steps = [r for r in reports if r.kind is BISECT]
+    assert steps and Verdict.ERROR not in [r.verdict for r in steps]
+    app = create_app(WebContext(store=store, registry=CollectorRegistry(), alive=lambda: True))
+    with TestClient(app) as web:
+        page = web.get("/endpoints/stale-kv").text
+    served = re.search(r'data-served="(\d+)"', page)
+    assert served is not None and 0 < int(served.group(1)) <= (ep.kv_pool or 0)
+    assert "advertised 8,192 · served" in page
