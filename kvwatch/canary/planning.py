@@ -39,8 +39,8 @@ ANSWER_TOKENS_PER_CODE = 16
 # fraction); counting the fixed text around more pieces than this buys nothing.
 MAX_SEED_PIECES = 2000
 # Tokens a serving stack's chat template may add around the prompt's text (role headers,
-# special tokens, a default system prompt). Gemma 3's adds 9 and Llama 3.1's about 30; a
-# template with a long default system prompt can add more, and then a prompt just above
+# special tokens, a default system prompt). Gemma 3's adds 9 on llama-server; a template
+# with a long default system prompt can add more, and then a prompt just above
 # smallest_canary() may still be refused (the served-window search survives that).
 TEMPLATE_ALLOWANCE = 256
 
