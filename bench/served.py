@@ -92,14 +92,14 @@ async def _measure(fault: FaultMode, limit: int, store: Store) -> tuple[Cost, Co
         tracker = ServedWindowTracker(store, runner.clock)
 
         before = _prefilled(sim, name)
-        found = await tracker.search(runner, target, trigger)
+        found = (await tracker.search(runner, target, trigger)).record
         assert found is not None
         ours = Cost(
-            probes=found.record.probes,
+            probes=found.probes,
             prefilled=_prefilled(sim, name) - before,
-            served=found.record.served_tokens,
-            unserved=found.record.unserved_tokens or 0,
-            exact=found.record.exact,
+            served=found.served_tokens,
+            unserved=found.unserved_tokens or 0,
+            exact=found.exact,
         )
         assert hint_of(trigger, target) is not None  # the signal the plain search ignores
 

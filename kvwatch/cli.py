@@ -230,7 +230,9 @@ def probe(config_path: Path | None, name: str, kind: str, output: str) -> None:
     """Probe one endpoint now; exit 0 only if every verdict is healthy (a pre-deploy gate):
     pass, or over_truncated on an engine that truncates by design (Ollama)."""
     config = _load(config_path)
-    logs.configure("warning")
+    # stdout is the probes' (a JSON consumer reads one probe per line); warnings say why on
+    # stderr, beside the progress lines.
+    logs.configure("warning", stream=sys.stderr)
     reports = asyncio.run(_probe(config, name, kind, quiet=output == "json"))
     if output == "json":
         for report in reports:
@@ -586,7 +588,10 @@ def _served_line(config: Config, name: str) -> str:
         record = Store(engine).served_windows(name).get(name)
     finally:
         engine.dispose()
-    return "" if record is None else describe(record)
+    if record is None or not record.measured:
+        # Bisect steps ran, yet nothing was measured: the search was cut short.
+        return "Served window: not measured (the search stopped without a result)."
+    return describe(record)
 
 
 @main.command("served-window")

@@ -1,14 +1,16 @@
-"""structlog set-up: one JSON object per line on stdout, tracebacks without locals."""
+"""structlog set-up: one JSON object per line on stdout (or another stream), tracebacks
+without locals."""
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
 
 import structlog
 
 
-def configure(level: str = "info", *, json: bool = True) -> None:
+def configure(level: str = "info", *, json: bool = True, stream: TextIO | None = None) -> None:
     numeric = logging.getLevelNamesMapping()[level.upper()]
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
@@ -24,7 +26,7 @@ def configure(level: str = "info", *, json: bool = True) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+        logger_factory=structlog.PrintLoggerFactory(stream or sys.stdout),
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=numeric, stream=sys.stderr, format="%(name)s %(message)s")

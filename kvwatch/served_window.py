@@ -23,6 +23,7 @@ import structlog
 
 from kvwatch.canary import served
 from kvwatch.canary.model import SEVERITY, ProbeKind, Severity, Verdict
+from kvwatch.canary.planning import smallest_canary
 from kvwatch.capacity import edge_pool
 from kvwatch.engines.limits import stated_limit
 from kvwatch.store.errors import StoreError
@@ -48,8 +49,9 @@ WINDOW_FAILURES = frozenset(
         Verdict.WRONG_REJECTION,  # edge: a 5xx just over the KV pool
     }
 )
-# A step that ends in one of these proves nothing either way: the search stops without a
-# result (and the next failure of the streak tries again).
+# A step sent to the engine that ends in one of these proves nothing either way (the engine
+# or the way to it failed): the search stops without a result, and the next failure of the
+# streak tries again. A step that could not even be planned is another matter: see search.
 _NO_EVIDENCE = frozenset({Verdict.ERROR, Verdict.AUTH_ERROR, Verdict.THROTTLED})
 # Sizes a passing probe of these kinds proves served: where the search may start from.
 _PASSING_KINDS = ("baseline",)
@@ -68,16 +70,17 @@ class BisectRunner(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Measurement:
-    """A finished search, with every step it took."""
+    """A finished search, with every step it took; no record when it was cut short."""
 
-    record: ServedWindowRecord
+    record: ServedWindowRecord | None
     steps: tuple[ProbeReport, ...]
 
 
 def hint_of(report: ProbeReport, target: Target) -> int | None:
     """The engine's own signal of its served limit in a failed probe, if it gives one: the
     prompt tokens a 2xx answer reports having read (fewer than sent), or the limit a 4xx
-    context-length rejection states, as the largest prompt it admits."""
+    context-length rejection states, as the largest prompt it admits. Handed over as is:
+    the search drops what cannot be the answer (a placeholder's 1, a limit of 0 or less)."""
     status = report.status
     if status is None:
         return None
@@ -150,8 +153,9 @@ class ServedWindowTracker:
             # failure of the streak tries again.
             log.warning("served_window_skipped", endpoint=spec.name, error=str(exc))
             return []
-        if measurement is None:
-            return []
+        if measurement.record is None:
+            # Cut short, but its steps were run and stored: whoever ran the chain sees them.
+            return list(measurement.steps)
         try:
             await asyncio.to_thread(self.store.record_served_window, measurement.record)
         except StoreError as exc:
@@ -161,8 +165,14 @@ class ServedWindowTracker:
 
     async def search(
         self, runner: BisectRunner, target: Target, trigger: ProbeReport
-    ) -> Measurement | None:
-        """Bisect probes until the search of :mod:`kvwatch.canary.served` is done."""
+    ) -> Measurement:
+        """Bisect probes until the search of :mod:`kvwatch.canary.served` is done.
+
+        A step the engine answered with no evidence (transport failure, 5xx, throttling)
+        cuts the search short without a record. A step kvwatch could not plan says nothing
+        about the engine: it is logged with the size asked for and the search goes on above
+        that size (the step counts against the budget, so it still ends, and stores what
+        the other steps proved)."""
         spec = target.spec
         window = target.window
         failed = trigger.planned_prompt_tokens
@@ -174,26 +184,44 @@ class ServedWindowTracker:
         # incident class serves in practice. Both are verified like any other hint.
         pool = edge_pool(spec.kv_pool_tokens, target.discovery) if target.discovery else None
         pool = pool if pool is not None else spec.kv_pool_tokens
+        # Several depths put one marker at each: more fixed text, a larger smallest canary.
+        markers = len(spec.marker_depths) if len(spec.marker_depths) > 1 else 1
         state = served.start(
             served=low or 0,
             unserved=failed,
             window=window,
             hints=(hint_of(trigger, target), pool),
+            floor=smallest_canary(markers),
         )
         steps: list[ProbeReport] = []
+        unplanned = 0
         while (size := served.next_size(state)) is not None:
             report = await runner.run(target, ProbeKind.BISECT, size=size, trigger=trigger.probe_id)
             steps.append(report)
-            if report.verdict in _NO_EVIDENCE or report.planned_prompt_tokens is None:
+            if report.planned_prompt_tokens is None:
+                unplanned += 1
+                log.warning(
+                    "served_window_planning_error",
+                    endpoint=spec.name,
+                    trigger_probe_id=trigger.probe_id,
+                    probe_id=report.probe_id,
+                    size=size,
+                    verdict=report.verdict.value,
+                    reason=report.reason,
+                )
+                state = served.unplannable(state, size)
+                continue
+            if report.verdict in _NO_EVIDENCE:
                 log.warning(
                     "served_window_aborted",
                     endpoint=spec.name,
                     trigger_probe_id=trigger.probe_id,
                     probe_id=report.probe_id,
+                    size=size,
                     verdict=report.verdict.value,
                     reason=report.reason,
                 )
-                return None
+                return Measurement(None, tuple(steps))
             state = served.observe(
                 state,
                 served.Observation(
@@ -225,6 +253,7 @@ class ServedWindowTracker:
             budget=state.budget,
             prompt_tokens=record.prompt_tokens,
             trigger_probe_id=trigger.probe_id,
+            unplanned_steps=unplanned,
         )
         return Measurement(record, tuple(steps))
 

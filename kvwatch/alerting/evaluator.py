@@ -93,7 +93,11 @@ class AlertEvaluator:
 
     def served_window(self, endpoint: str, record: ServedWindowRecord) -> list[AlertStateRecord]:
         """The endpoint's active window alerts (raised by under or edge probes) with the
-        measured served window in their description: the next re-send carries it."""
+        measured served window in their description: the next re-send carries it. None for a
+        record that measures nothing (the advertised window served again), as
+        :func:`_served_sentence` gives no sentence for one."""
+        if not record.measured:
+            return []
         sentence = served_window.describe(record)
         now = self._clock()
         changed = []

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from kvwatch.canary import filler
 from kvwatch.canary.collapse import swallowed_reason, template_swallows_content
+from kvwatch.canary.markers import PREFIX as MARKER_PREFIX
 from kvwatch.canary.model import Message, Placement, PlannedPrompt, ProbeKind
 from kvwatch.tokens.base import TokenCounter
 
@@ -37,6 +38,11 @@ ANSWER_TOKENS_PER_CODE = 16
 # Depths closer than 1/1000 of the filler apart share a stretch anyway (config takes any
 # fraction); counting the fixed text around more pieces than this buys nothing.
 MAX_SEED_PIECES = 2000
+# Tokens a serving stack's chat template may add around the prompt's text (role headers,
+# special tokens, a default system prompt). Gemma 3's adds 9 on llama-server; a template
+# with a long default system prompt can add more, and then a prompt just above
+# smallest_canary() may still be refused (the served-window search survives that).
+TEMPLATE_ALLOWANCE = 256
 
 
 class Side(enum.Enum):
@@ -122,6 +128,30 @@ def multi_question(n: int) -> str:
         f"What are the {n} codes you were asked to remember? "
         "Answer with the codes only, in order, separated by spaces."
     )
+
+
+def smallest_canary(markers: int = 1) -> int:
+    """A prompt size a canary carrying ``markers`` markers can be planned at, on any tokenizer.
+
+    :func:`plan_prompt` refuses a target smaller than the canary's fixed text (instruction,
+    markers, question, as the target's template wraps them): no canary exists below it, so
+    no probe can show that such a size is served. That count depends on the tokenizer and
+    the marker drawn; this bound depends on neither: a tokenizer spends at most one token
+    per byte of text (byte-level BPE, byte-fallback SentencePiece; English runs at about one
+    per four bytes), plus :data:`TEMPLATE_ALLOWANCE` for the template. Pure.
+    """
+    sample = f"{MARKER_PREFIX}-0000-0000-0000"  # every marker has this length
+    if markers <= 1:
+        # A marker below the start moves it from the opening sentence to its own: longer.
+        texts = [_fixed_text(Layout(sample, depth)) for depth in (0.0, 0.5)]
+    else:
+        depths = [i / (markers - 1) for i in range(markers)]
+        texts = [_fixed_text(MultiLayout(tuple(Placement(d, sample) for d in depths)))]
+    return max(len(text.encode()) for text in texts) + TEMPLATE_ALLOWANCE
+
+
+def _fixed_text(layout: Layout | MultiLayout) -> str:
+    return "".join(m.content for m in layout.messages(()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,15 @@ last size known to pass and the size that just failed.
 Every probe here is a full prefill, so cost is the point. The engine usually says where its
 limit is: a truncated answer reports the prompt tokens it actually read, a context-length
 rejection often names the window, and the capacity check knows the KV pool. Such a *hint* is
-only a candidate — an engine that swaps the prompt for a one-token placeholder reports 1 —
-so each is verified by two probes: the candidate must be served whole and one token more must
-not be. Only when there is no (more) believable hint does the search bisect, down to
-``RESOLUTION`` tokens, which the budget of ``⌈log2(window / 1024)⌉ + 1`` probes allows from
-any starting bracket inside the window.
+only a candidate, so each is verified by two probes: the candidate must be served whole and
+one token more must not be. And only a size that could be the answer is a candidate: one a
+canary can be planned at (:func:`kvwatch.canary.planning.smallest_canary`), above the last
+size known to pass and below the smallest known to fail. Anything else is dropped unprobed:
+an engine that swaps the prompt for a one-token placeholder reports 1, which no canary can
+be planned at, and probing it would stop the search, not inform it. Only when there is no
+(more) believable hint does the search bisect, down to ``RESOLUTION`` tokens, which the
+budget of ``⌈log2(window / 1024)⌉ + 1`` probes allows from any starting bracket inside the
+window.
 
 The search never concludes beyond its evidence: ``served`` is always a size a probe (or the
 caller's last passing probe) proved whole, and ``unserved`` one a probe proved not whole.
@@ -24,6 +28,8 @@ import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from kvwatch.canary.planning import smallest_canary
 
 # Bisection stops when the served limit is bracketed this tightly: ten halvings of a
 # 1,048,576-token window. Engines' own hints are checked to the token.
@@ -55,6 +61,9 @@ class ServedSearch:
     served: int  # the largest size proved whole
     unserved: int  # the smallest size proved not whole
     budget: int
+    # The smallest size a canary can be planned at, raised past any size the planner
+    # refused: nothing below it is probed.
+    floor: int = 1
     spent: int = 0
     hints: tuple[int, ...] = ()  # unverified candidates, in the order they arrived
     hinted: frozenset[int] = frozenset()  # every hint ever given
@@ -70,16 +79,32 @@ class ServedSearch:
         """Known to the resolution bisection aims for (or to the token)."""
         return self.unserved - self.served <= RESOLUTION
 
+    def probeable(self, size: int) -> bool:
+        """Whether a probe of ``size`` can be planned and can still move the bracket."""
+        return max(self.served, self.floor - 1) < size < self.unserved
+
 
 def start(
-    *, served: int, unserved: int, window: int, hints: Iterable[int | None] = ()
+    *,
+    served: int,
+    unserved: int,
+    window: int,
+    hints: Iterable[int | None] = (),
+    floor: int | None = None,
 ) -> ServedSearch:
     """A search between ``served`` (last size known to pass) and ``unserved`` (the size that
     just failed), for an endpoint advertising ``window``. ``hints`` are candidates from the
-    failure itself and the engine's self-report (its KV pool), most trusted first."""
+    failure itself and the engine's self-report (its KV pool), most trusted first; those that
+    cannot be the answer are dropped. ``floor`` is the smallest size a canary can be planned
+    at (default: :func:`~kvwatch.canary.planning.smallest_canary` for one marker)."""
     if not 0 <= served < unserved:
         raise ValueError(f"need 0 <= served ({served}) < unserved ({unserved})")
-    state = ServedSearch(served=served, unserved=unserved, budget=probe_budget(window))
+    floor = smallest_canary() if floor is None else max(1, floor)
+    if served > 0:
+        # A canary of that size was planned and passed: the planner fits one just above it,
+        # whatever the general bound says.
+        floor = min(floor, served + 1)
+    state = ServedSearch(served=served, unserved=unserved, budget=probe_budget(window), floor=floor)
     for hint in hints:
         state = _with_hint(state, hint)
     return state
@@ -91,14 +116,17 @@ def next_size(state: ServedSearch) -> int | None:
         return None
     # A hint that just proved whole is only the limit if one token more is not served.
     above = state.served + 1
-    if state.served in state.hinted and above not in state.tried:
+    if state.served in state.hinted and above not in state.tried and state.probeable(above):
         return above
     for hint in state.hints:
-        if state.served < hint < state.unserved and hint not in state.tried:
+        if state.probeable(hint) and hint not in state.tried:
             return hint
     if state.resolved:
         return None
-    return (state.served + state.unserved) // 2
+    # Halfway between the sizes probes can still tell apart: above the largest served whole
+    # and at or above the floor (below it no canary can be planned), below the smallest not.
+    middle = (max(state.served, state.floor - 1) + state.unserved) // 2
+    return middle if state.probeable(middle) and middle not in state.tried else None
 
 
 def observe(state: ServedSearch, obs: Observation) -> ServedSearch:
@@ -119,13 +147,39 @@ def observe(state: ServedSearch, obs: Observation) -> ServedSearch:
         if inside:
             state = dataclasses.replace(state, unserved=obs.size)
         state = _with_hint(state, obs.hint)
-    return state
+    return _drop_stale_hints(state)
+
+
+def unplannable(state: ServedSearch, size: int) -> ServedSearch:
+    """Fold in a step of ``size`` that could not be planned: kvwatch's own limit, not the
+    engine's, so the bracket stays as it is. No size at or below it is tried again (the
+    planner refuses a prompt too small for the canary's fixed text, and so every smaller
+    one); the step counts against the budget, so a planner that refuses everything ends the
+    search with what was proved instead of looping."""
+    state = dataclasses.replace(
+        state,
+        spent=state.spent + 1,
+        tried=state.tried | {size},
+        floor=max(state.floor, size + 1),
+    )
+    return _drop_stale_hints(state)
 
 
 def _with_hint(state: ServedSearch, hint: int | None) -> ServedSearch:
     if hint is None or hint in state.hinted:
         return state
-    return dataclasses.replace(state, hints=(*state.hints, hint), hinted=state.hinted | {hint})
+    hinted = state.hinted | {hint}
+    # Below the floor (a placeholder's 1, a stated limit of 0), at or under a size already
+    # served whole, at or over one already refused (more than the window): not the answer.
+    if not state.probeable(hint):
+        return dataclasses.replace(state, hinted=hinted)
+    return dataclasses.replace(state, hints=(*state.hints, hint), hinted=hinted)
+
+
+def _drop_stale_hints(state: ServedSearch) -> ServedSearch:
+    """Forget candidates the bracket or the floor has moved past: they never come back in."""
+    kept = tuple(h for h in state.hints if state.probeable(h))
+    return state if kept == state.hints else dataclasses.replace(state, hints=kept)
 
 
 __all__ = [
@@ -136,4 +190,5 @@ __all__ = [
     "observe",
     "probe_budget",
     "start",
+    "unplannable",
 ]

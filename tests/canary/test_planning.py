@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvwatch.canary import markers
-from kvwatch.canary.model import ProbeKind
-from kvwatch.canary.planning import PlanningError, plan_prompt
+from kvwatch.canary.model import Placement, ProbeKind
+from kvwatch.canary.planning import PlanningError, plan_prompt, smallest_canary
 from kvwatch.simulator import tokenizer
 from kvwatch.simulator.model import render_chat
 from tests.helpers.counters import SimCounter
@@ -67,6 +67,43 @@ async def test_a_target_below_the_fixed_text_is_refused():
     """A window too small for the canary itself is a planning error, not a silent pass."""
     with pytest.raises(PlanningError, match="fixed text"):
         await _plan(ProbeKind.UNDER, 10)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    count=st.integers(min_value=1, max_value=8),
+    depth=st.sampled_from([0.0, 0.3, 1.0]),
+    seed=st.integers(min_value=0, max_value=2**32),
+)
+async def test_a_canary_of_the_smallest_size_can_always_be_planned(count, depth, seed):
+    """smallest_canary(n) fits a canary with n markers at any depth (a bisect step of that
+    size is never refused); far below it the planner refuses, which is why it exists."""
+    ordered = sorted({depth, *(i / count for i in range(count))})[:count]
+    placements = [Placement(d, markers.new_marker()) for d in ordered] if count > 1 else []
+    first = placements[0] if placements else Placement(depth, markers.new_marker())
+    size = smallest_canary(count)
+    plan = await plan_prompt(
+        ProbeKind.BISECT,
+        counter=SimCounter(),
+        target_tokens=size,
+        marker=first.marker,
+        max_tokens=32,
+        rng=random.Random(seed),
+        depth=first.depth,
+        placements=placements,
+    )
+    assert plan.planned_tokens == size
+    with pytest.raises(PlanningError, match="fixed text"):
+        await plan_prompt(
+            ProbeKind.BISECT,
+            counter=SimCounter(),
+            target_tokens=size // 8,
+            marker=first.marker,
+            max_tokens=32,
+            rng=random.Random(seed),
+            depth=first.depth,
+            placements=placements,
+        )
 
 
 async def test_an_estimating_counter_verifies_once_and_keeps_its_tolerance():

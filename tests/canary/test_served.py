@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvwatch.canary import planning, served
 from kvwatch.canary.served import (
     RESOLUTION,
     Observation,
@@ -178,3 +179,105 @@ def test_bisection_fits_the_budget_for_any_window(window: int, data: st.DataObje
     state, sizes = run(silent(limit), low=low, unserved=unserved, window=window)
     assert len(sizes) <= probe_budget(window)
     assert state.served <= limit < state.unserved
+
+
+# Signals no served window can be: the first three are what hint_of hands over from a
+# placeholder swap (1) or a stated limit smaller than max_tokens (0, negative); the others
+# lie outside what the engine was already seen to do.
+TINY = st.integers(min_value=-64, max_value=64)
+OVER_THE_WINDOW = st.integers(min_value=WINDOW + 1, max_value=4 * WINDOW)
+UNDER_THE_BASELINE = st.integers(min_value=1, max_value=LOW - 1)
+
+
+@pytest.mark.parametrize("claim", [1, 0])
+def test_a_placeholder_count_with_no_passing_baseline_is_never_probed(claim: int) -> None:
+    """Nothing passed yet (low 0): the 1 a swapped prompt reports, or 0, is not probed (no
+    canary is that small); the KV pool is verified instead, to the token."""
+    state, sizes = run(lying(681_280, claim), low=0, pool=681_280)
+    assert sizes == [681_280, 681_281]
+    assert (state.served, state.exact) == (681_280, True)
+
+
+@pytest.mark.parametrize("claim", [1, 0, 2 * WINDOW])
+def test_without_any_other_signal_a_bad_one_leaves_the_search_to_bisection(claim: int) -> None:
+    """No baseline, no pool, only the engine's useless count: bisection brackets the limit."""
+    state, sizes = run(lying(681_280, claim), low=0)
+    assert claim not in sizes
+    assert min(sizes) >= planning.smallest_canary()
+    assert state.served <= 681_280 < state.unserved
+    assert state.unserved - state.served <= RESOLUTION
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    limit=limits,
+    kind=st.sampled_from(["tiny", "over the window", "under the baseline"]),
+    baseline=st.booleans(),
+    pool_known=st.booleans(),
+    data=st.data(),
+)
+def test_a_signal_that_cannot_be_the_served_window_never_becomes_it_nor_stops_the_search(
+    limit: int, kind: str, baseline: bool, pool_known: bool, data: st.DataObject
+) -> None:
+    """1, 0, more than the window, less than the last passing baseline: never probed, never
+    the answer; the search goes on by the other signal (to the token) or by bisection."""
+    low = LOW if baseline or kind == "under the baseline" else 0
+    claim = data.draw(
+        {
+            "tiny": TINY,
+            "over the window": OVER_THE_WINDOW,
+            "under the baseline": UNDER_THE_BASELINE,
+        }[kind]
+    )
+    state, sizes = run(lying(limit, claim), low=low, pool=limit if pool_known else None)
+    assert claim not in sizes
+    # Every step can be planned: nothing below the smallest canary, nothing at or below low.
+    assert all(size > low and size >= min(planning.smallest_canary(), low + 1) for size in sizes)
+    assert len(sizes) <= probe_budget(WINDOW)
+    assert state.served in (low, *sizes)  # the answer is a size a probe proved
+    assert state.served <= limit < state.unserved
+    if pool_known:
+        assert (state.served, state.exact) == (limit, True)
+    else:
+        assert state.resolved
+
+
+def test_bisection_never_goes_below_the_smallest_canary() -> None:
+    """A bracket reaching below the floor is halved over the part a canary can be planned in."""
+    state = start(served=0, unserved=4_000, window=8_192, floor=3_000)
+    sizes = []
+    while (size := next_size(state)) is not None:
+        sizes.append(size)
+        state = observe(state, Observation(size=size, whole=False))
+    assert sizes == [3_499, 3_249, 3_124, 3_061]  # the budget of an 8,192 window: 4
+    assert (state.served, state.unserved) == (0, 3_061)
+
+
+def test_a_passing_baseline_below_the_general_floor_lowers_it() -> None:
+    """A canary was planned at the baseline's size: a candidate just above it is probed."""
+    small = planning.smallest_canary() // 2
+    state = start(served=small, unserved=2_016, window=2_048, hints=(small + 100,))
+    assert state.floor == small + 1
+    assert next_size(state) == small + 100
+
+
+def test_a_size_the_planner_refused_raises_the_floor_and_keeps_the_bracket() -> None:
+    """A refused step is kvwatch's limit, not the engine's: the search goes on above it."""
+    state = start(served=0, unserved=16_352, window=16_384, hints=(6_144,))
+    assert next_size(state) == 6_144
+    state = served.unplannable(state, 6_144)
+    assert (state.served, state.unserved, state.floor) == (0, 16_352, 6_145)
+    assert next_size(state) == (6_144 + 16_352) // 2
+    state = observe(state, Observation(size=11_248, whole=True))
+    assert state.served == 11_248
+
+
+def test_a_planner_that_refuses_every_size_ends_the_search_within_the_budget() -> None:
+    """Refusals count against the budget, so the search ends with the bracket it started."""
+    state = start(served=1_536, unserved=1_048_544, window=WINDOW)
+    refused = 0
+    while (size := next_size(state)) is not None:
+        state = served.unplannable(state, size)
+        refused += 1
+    assert refused == probe_budget(WINDOW)
+    assert (state.served, state.unserved) == (1_536, 1_048_544)

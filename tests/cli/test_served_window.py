@@ -53,6 +53,44 @@ async def test_probe_prints_the_bisect_steps_and_the_served_window(
         assert code == 0 and "16,384" in out and "6,144" in out and "search" in out
 
 
+STALE = SimEndpoint("stale", window=8_192, kv_pool=3_000, fault=FaultMode.STALE_KV)
+
+
+async def test_probe_json_prints_every_probe_it_stored_the_bisect_steps_included(
+    tmp_path: Path, db_url: str
+) -> None:
+    """The incident's signature (prompt_tokens 1, no baseline yet): one object per stored
+    probe, under and confirmation and every bisect step, none of them an error, and the
+    served window stored no larger than the pool."""
+    async with run_simulator([STALE]) as sim:
+        config = tmp_path / "kvwatch.yaml"
+        config.write_text(
+            f"database: '{db_url}'\n"
+            "endpoints:\n"
+            "  - name: stale\n"
+            f"    url: {sim.url_for('stale')}\n"
+            "    model: sim-1\n"
+            "    context_window: 8192\n"
+        )
+        code, out = await _cli(
+            "probe", "stale", "--kind", "under", "--output", "json", "--config", str(config)
+        )
+        assert code == 1
+        printed = [json.loads(line) for line in out.splitlines()]
+        # stdout holds probes only: a warning logged meanwhile goes to stderr.
+        assert all({"endpoint", "kind", "verdict", "probe_id"} <= p.keys() for p in printed)
+        code, out = await _cli("results", "--output", "json", "--config", str(config))
+        stored = [json.loads(line) for line in out.splitlines()]
+        assert sorted(p["probe_id"] for p in printed) == sorted(r["id"] for r in stored)
+        assert [p["kind"] for p in printed][:2] == ["under", "under"]
+        steps = [p for p in printed if p["kind"] == "bisect"]
+        assert steps and all(p["trigger_probe_id"] == printed[1]["probe_id"] for p in steps)
+        assert "error" not in [p["verdict"] for p in steps]
+        code, out = await _cli("served-window", "--config", str(config), "--output", "json")
+        (row,) = [json.loads(line) for line in out.splitlines()]
+        assert row["served_tokens"] <= 3_000 < row["unserved_tokens"]
+
+
 def test_bisect_is_not_a_kind_probe_accepts() -> None:
     """Search steps only run after a failure: `--kind bisect` is refused."""
     result = CliRunner().invoke(main, ["probe", "x", "--kind", "bisect"])
