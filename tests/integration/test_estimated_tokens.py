@@ -138,5 +138,7 @@ async def test_a_restart_plans_from_the_stored_calibration(store: Store) -> None
         assert sim.simulation["gw"].stats.requests == requests_before + 1
     assert under.verdict is Verdict.PASS
     assert under.reported_prompt_tokens is not None
+    # Within the learnt margin (at least 2·sqrt(2048) = 91 tokens here), not the wide one an
+    # uncalibrated start keeps (60 % of the window).
     limit = WINDOW - 32
-    assert limit - under.reported_prompt_tokens <= 0.05 * limit
+    assert limit - under.reported_prompt_tokens <= 0.10 * limit
