@@ -10,7 +10,7 @@ import yaml
 
 from kvwatch.config import Config, parse_config
 from kvwatch.daemon import Daemon
-from kvwatch.simulator.fleet import demo_fleet
+from kvwatch.simulator.fleet import ESTIMATED, demo_fleet
 from kvwatch.simulator.server import run_simulator
 
 DEMO_INTERVAL = "20s"
@@ -33,6 +33,8 @@ def demo_config(urls: dict[str, tuple[str, str, int, str]], database: str) -> Co
                 "model": model,
                 "context_window": window,
                 "flavour": flavour,
+                # As if behind a gateway without a tokenize route: tokens are estimated.
+                **({"tokenizer": "usage"} if name == ESTIMATED else {}),
             }
             for name, (url, model, window, flavour) in urls.items()
         ],

@@ -23,8 +23,15 @@ _SIZES: dict[FaultMode, tuple[int, int]] = {
 }
 
 
+# A healthy endpoint whose vocabulary counts 4 % fewer tokens than the simulator's own:
+# monitored as a gateway with no tokenize route (``tokenizer: usage``), it shows kvwatch
+# calibrating its estimate and never paging on it.
+ESTIMATED = "estimated"
+
+
 def demo_fleet() -> list[SimEndpoint]:
-    """Endpoints named after their fault (``stale-kv``, ``truncate-head``, ...)."""
+    """Endpoints named after their fault (``stale-kv``, ``truncate-head``, ...), and the
+    healthy ``estimated`` one whose tokens kvwatch can only estimate."""
     return [
         SimEndpoint(
             name=fault.value.replace("_", "-"),
@@ -34,7 +41,7 @@ def demo_fleet() -> list[SimEndpoint]:
             fault=fault,
         )
         for fault, (window, kv_pool) in _SIZES.items()
-    ]
+    ] + [SimEndpoint(name=ESTIMATED, model=DEMO_MODEL, window=8192, token_skew=-0.04)]
 
 
 def scale_fleet(
