@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,31 +120,17 @@ _COUNT_SHAPES: tuple[re.Pattern[str], ...] = tuple(
 
 def stated_limit(body: str | None) -> StatedLimit | None:
     """The limit an error body states, or ``None`` when it names none we can read."""
-    if not body:
-        return None
-    text = body[:_MAX_SCAN_CHARS]
-    try:
-        payload: Any = json.loads(text)
-    except ValueError:
-        payload = None
+    error, texts = _read(body)
     # llama.cpp puts the window beside the message as a number: exact, no parsing of prose.
-    error = payload.get("error") if isinstance(payload, dict) else None
-    if isinstance(error, dict) and error.get("type") == "exceed_context_size_error":
-        n_ctx = error.get("n_ctx")
-        if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0:
+    if error is not None and error.get("type") == "exceed_context_size_error":
+        n_ctx = _positive(error.get("n_ctx"))
+        if n_ctx is not None:
             return StatedLimit(n_ctx, Bound.PROMPT_BELOW)
-    message = error_message(payload) if payload is not None else None
-    for candidate in (message, text):
-        if candidate is None:
-            continue
-        normal = " ".join(candidate.replace("\u2019", "'").split())
-        for pattern, bound in _SHAPES:
-            found = pattern.search(normal)
-            if found:
-                tokens = int(found.group(1).replace(",", ""))
-                if tokens > 0:
-                    return StatedLimit(tokens, bound)
-    return None
+    found = _first_match([pattern for pattern, _ in _SHAPES], texts)
+    if found is None:
+        return None
+    index, tokens = found
+    return StatedLimit(tokens, _SHAPES[index][1])
 
 
 def stated_prompt_tokens(body: str | None) -> int | None:
@@ -152,28 +139,45 @@ def stated_prompt_tokens(body: str | None) -> int | None:
     That count is the engine's own: a plan sized by an estimate learns from it, and a
     rejected probe is judged by it (did the prompt really exceed the limit?).
     """
+    error, texts = _read(body)
+    # llama.cpp states it as a number beside the message.
+    if error is not None:
+        n_prompt = _positive(error.get("n_prompt_tokens"))
+        if n_prompt is not None:
+            return n_prompt
+    found = _first_match(_COUNT_SHAPES, texts)
+    return None if found is None else found[1]
+
+
+def _read(body: str | None) -> tuple[dict[str, Any] | None, list[str]]:
+    """An error body's ``error`` object, if it is JSON with one, and the texts to search:
+    its message first, then the whole body, with white space and apostrophes normalised."""
     if not body:
-        return None
+        return None, []
     text = body[:_MAX_SCAN_CHARS]
     try:
         payload: Any = json.loads(text)
     except ValueError:
         payload = None
-    # llama.cpp states it as a number beside the message.
     error = payload.get("error") if isinstance(payload, dict) else None
-    if isinstance(error, dict):
-        n_prompt = error.get("n_prompt_tokens")
-        if isinstance(n_prompt, int) and not isinstance(n_prompt, bool) and n_prompt > 0:
-            return n_prompt
     message = error_message(payload) if payload is not None else None
-    for candidate in (message, text):
-        if candidate is None:
-            continue
-        normal = " ".join(candidate.replace("\u2019", "'").split())
-        for pattern in _COUNT_SHAPES:
-            found = pattern.search(normal)
-            if found:
-                tokens = int(found.group(1).replace(",", ""))
-                if tokens > 0:
-                    return tokens
+    texts = [" ".join(t.replace("\u2019", "'").split()) for t in (message, text) if t]
+    return (error if isinstance(error, dict) else None), texts
+
+
+def _first_match(patterns: Sequence[re.Pattern[str]], texts: list[str]) -> tuple[int, int] | None:
+    """The first pattern (by index) to capture a positive number, and that number: each
+    text in turn, every pattern on it, so the message is read before the rest of the body."""
+    for text in texts:
+        for index, pattern in enumerate(patterns):
+            found = pattern.search(text)
+            tokens = _positive(int(found.group(1).replace(",", ""))) if found else None
+            if tokens is not None:
+                return index, tokens
+    return None
+
+
+def _positive(value: object) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
     return None
