@@ -203,14 +203,8 @@ async def test_a_step_kvwatch_cannot_plan_is_logged_with_its_size_and_the_search
     assert BISECT not in [r.kind for r in again]
 
 
-async def test_a_search_the_engine_cuts_short_hands_back_its_steps_and_stores_nothing(
-    rig: tuple, store: Store
-) -> None:
-    """A step answered 5xx proves nothing: no window is stored (the next failure searches
-    again), but the step ran and was stored, so the chain hands it back to be printed."""
-    sim, targets, runner = rig
-    target = targets["head"]
-    assert (await runner.run(target, BASE)).verdict is Verdict.PASS
+def _engine_dies_at_the_first_bisect_step(runner: ProbeRunner, sim: Any) -> None:
+    """From the first bisect step on, the simulated ``head`` endpoint answers 5xx."""
     run = runner.run
 
     async def engine_dies_after_the_under_chain(
@@ -221,6 +215,17 @@ async def test_a_search_the_engine_cuts_short_hands_back_its_steps_and_stores_no
         return await run(t, kind, **kw)
 
     runner.run = engine_dies_after_the_under_chain  # type: ignore[method-assign]
+
+
+async def test_a_search_the_engine_cuts_short_hands_back_its_steps_and_stores_nothing(
+    rig: tuple, store: Store
+) -> None:
+    """A step answered 5xx proves nothing: no window is stored (the next failure searches
+    again), but the step ran and was stored, so the chain hands it back to be printed."""
+    sim, targets, runner = rig
+    target = targets["head"]
+    assert (await runner.run(target, BASE)).verdict is Verdict.PASS
+    _engine_dies_at_the_first_bisect_step(runner, sim)
     reports = await runner.run_checked(target, UNDER)
     steps = [r for r in reports if r.kind is BISECT]
     assert [r.verdict for r in steps] == [Verdict.ERROR]
@@ -337,16 +342,7 @@ async def test_a_search_cut_short_after_a_recovery_puts_no_served_window_in_the_
             await runner.run_checked(target, UNDER)
             assert built.store.served_windows("head")["head"].source == "recovered"
             sim.set_fault("head", FaultMode.TRUNCATE_HEAD)
-            run = runner.run
-
-            async def engine_dies_after_the_under_chain(
-                t: Target, kind: ProbeKind, **kw: Any
-            ) -> ProbeReport:
-                if kind is BISECT:
-                    sim.set_fault("head", FaultMode.SERVER_ERROR)
-                return await run(t, kind, **kw)
-
-            runner.run = engine_dies_after_the_under_chain  # type: ignore[method-assign]
+            _engine_dies_at_the_first_bisect_step(runner, sim)
             reports = await runner.run_checked(target, UNDER)
             assert [r.verdict for r in reports if r.kind is BISECT] == [Verdict.ERROR]
             assert built.alerts is not None
