@@ -241,9 +241,30 @@ def probe(config_path: Path | None, name: str, kind: str, output: str) -> None:
         click.echo(format_table(reports))
         if any(r.kind is ProbeKind.BISECT for r in reports):
             click.echo(_served_line(config, name))
-    # A healthy Ollama cuts the over prompt as documented; failing the gate on that would
-    # make the gate useless for it (every deploy would be forced past a red check).
-    raise SystemExit(0 if reports and all(r.verdict in HEALTHY for r in reports) else 1)
+    raise SystemExit(0 if gate_passes(reports) else 1)
+
+
+def gate_passes(reports: Sequence[ProbeReport]) -> bool:
+    """Whether ``kvwatch probe`` exits 0: every verdict healthy.
+
+    A healthy Ollama cuts the over prompt as documented; failing the gate on that would make
+    the gate useless for it (every deploy would be forced past a red check). A sizing miss
+    re-planned by a later probe is a step of that probe, judged by it; one left standing (out
+    of re-plans) means the boundary was not tested, which fails the gate.
+    """
+    # A re-plan follows its miss at once, as the same kind (ids may be None while the
+    # database is down, so they are matched by position).
+    judged = [
+        r
+        for r, following in zip(reports, [*reports[1:], None], strict=True)
+        if not (
+            r.verdict is Verdict.SIZING_MISS
+            and following is not None
+            and following.kind is r.kind
+            and following.confirms_probe_id is None
+        )
+    ]
+    return bool(judged) and all(r.verdict in HEALTHY for r in judged)
 
 
 async def _probe(config: Config, name: str, kind: str, *, quiet: bool) -> list[ProbeReport]:

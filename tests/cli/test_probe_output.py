@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from kvwatch.canary.model import ForeignMarker, ProbeKind, Verdict
-from kvwatch.cli import format_table, report_json
+from kvwatch.cli import format_table, gate_passes, report_json
 from kvwatch.runner import ProbeReport
 
 AT = datetime(2026, 12, 3, 5, 0, tzinfo=UTC)
@@ -48,3 +48,15 @@ def test_json_names_the_tenant_and_the_tenant_of_each_leaked_marker() -> None:
     body = report_json(report("globex", Verdict.CROSS_TENANT_LEAK, foreign=(leak,)))
     assert (body["tenant"], body["verdict"]) == ("globex", "cross_tenant_leak")
     assert [(f["probe_id"], f["tenant"]) for f in body["foreign_markers"]] == [(3, "acme")]
+
+
+def test_the_gate_judges_a_re_planned_sizing_miss_by_its_re_plan() -> None:
+    """A sizing miss followed by its re-plan passes the gate when the re-plan passes; one
+    left standing (the boundary untested) fails it, as does a failing re-plan."""
+    miss = report(None, Verdict.SIZING_MISS, kind=ProbeKind.OVER, probe_id=None)
+    replan = report(None, Verdict.PASS, kind=ProbeKind.OVER, probe_id=None)
+    baseline = report(None, Verdict.PASS, kind=ProbeKind.BASELINE)
+    assert gate_passes([miss, replan, baseline])
+    assert not gate_passes([miss, baseline])
+    assert not gate_passes([miss, report(None, Verdict.OVER_ACCEPTED, kind=ProbeKind.OVER)])
+    assert not gate_passes([])
