@@ -252,6 +252,8 @@ def gate_passes(reports: Sequence[ProbeReport]) -> bool:
     re-planned by a later probe is a step of that probe, judged by it; one left standing (out
     of re-plans) means the boundary was not tested, which fails the gate.
     """
+    if not reports:
+        return False
     # A re-plan follows its miss at once, as the same kind (ids may be None while the
     # database is down, so they are matched by position).
     judged = [
@@ -264,7 +266,7 @@ def gate_passes(reports: Sequence[ProbeReport]) -> bool:
             and following.confirms_probe_id is None
         )
     ]
-    return bool(judged) and all(r.verdict in HEALTHY for r in judged)
+    return all(r.verdict in HEALTHY for r in judged)
 
 
 async def _probe(config: Config, name: str, kind: str, *, quiet: bool) -> list[ProbeReport]:
