@@ -50,6 +50,28 @@ def _load(path: Path | None) -> Config:
     return config
 
 
+def _history_database(path: Path | None) -> str:
+    """The database the history commands read: the configuration's, or, with no
+    configuration here, the one ``kvwatch run`` writes in demo mode (./kvwatch.db)."""
+    from kvwatch.demo import DEMO_DATABASE, DEMO_DATABASE_FILE
+
+    if path is not None or DEFAULT_CONFIG.exists():
+        return _load(path).database
+    if not Path(DEMO_DATABASE_FILE).exists():
+        click.echo(
+            f"no {DEFAULT_CONFIG} here and no ./{DEMO_DATABASE_FILE} (what `kvwatch run` "
+            "writes without one): give --config, or run this where kvwatch runs",
+            err=True,
+        )
+        raise SystemExit(1)
+    click.echo(
+        f"no {DEFAULT_CONFIG}: reading ./{DEMO_DATABASE_FILE}, the database `kvwatch run` "
+        "writes without one",
+        err=True,
+    )
+    return DEMO_DATABASE
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kvwatch")
 def main() -> None:
@@ -434,8 +456,7 @@ def results(
         raise click.UsageError(str(exc)) from None
     if start is not None and end is not None and start >= end:
         raise click.UsageError("--since must be before --until")
-    config = _load(config_path)
-    engine = create_engine_for(config.database)
+    engine = create_engine_for(_history_database(config_path))
     filters = ProbeFilter(
         endpoint=endpoint,
         kind=kind,
@@ -516,8 +537,7 @@ def show(config_path: Path | None, probe_id: int, output: str) -> None:
     from kvwatch.web import schemas
     from kvwatch.web.settings import WebSettings
 
-    config = _load(config_path)
-    engine = create_engine_for(config.database)
+    engine = create_engine_for(_history_database(config_path))
     try:
         queries = HistoryQueries(Store(engine))
         row = queries.probe(probe_id)
@@ -626,8 +646,7 @@ def served_window(config_path: Path | None, name: str | None, output: str) -> No
     from kvwatch.store.engine import create_engine_for
     from kvwatch.store.repository import Store
 
-    config = _load(config_path)
-    engine = create_engine_for(config.database)
+    engine = create_engine_for(_history_database(config_path))
     try:
         windows = Store(engine).served_windows(name)
     finally:

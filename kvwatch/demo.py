@@ -14,6 +14,10 @@ from kvwatch.simulator.fleet import ESTIMATED, demo_fleet
 from kvwatch.simulator.server import run_simulator
 
 DEMO_INTERVAL = "20s"
+# Where demo mode keeps its history, in the working directory: the history commands
+# (results, show, served-window) read it there when no configuration is given.
+DEMO_DATABASE_FILE = "kvwatch.db"
+DEMO_DATABASE = f"sqlite:///{DEMO_DATABASE_FILE}"
 
 
 def demo_config(urls: dict[str, tuple[str, str, int, str]], database: str) -> Config:
@@ -42,7 +46,7 @@ def demo_config(urls: dict[str, tuple[str, str, int, str]], database: str) -> Co
     return parse_config(yaml.safe_dump(doc), source="<demo>")
 
 
-async def run_demo(*, grace_seconds: float, database: str = "sqlite:///kvwatch.db") -> None:
+async def run_demo(*, grace_seconds: float, database: str = DEMO_DATABASE) -> None:
     import structlog
 
     log = structlog.get_logger("kvwatch.demo")
