@@ -681,9 +681,10 @@ class ProbeRunner:
         """
         counter = target.counter
         reported = engine_count(exchange)
-        if not isinstance(counter, EstimatingCounter) or reported is None:
+        if reported is None or verdict not in _COUNT_TRUSTED:
             return
-        if verdict not in _COUNT_TRUSTED:
+        if not isinstance(counter, EstimatingCounter):
+            counter.observe(plan.planned_tokens, reported)  # exact counters ignore it
             return
         before = counter.calibrations
         counter.observe(plan.planned_tokens, reported)
