@@ -1,5 +1,5 @@
-"""structlog set-up: one JSON object per line on stdout (or another stream), tracebacks
-without locals."""
+"""structlog set-up: one JSON object per line on stdout (or another stream), the standard
+library's records (Alembic, uvicorn) included, tracebacks without locals."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import sys
 from typing import TextIO
 
 import structlog
+
+_HANDLER = "kvwatch"
 
 
 def configure(level: str = "info", *, json: bool = True, stream: TextIO | None = None) -> None:
@@ -29,8 +31,33 @@ def configure(level: str = "info", *, json: bool = True, stream: TextIO | None =
         logger_factory=structlog.PrintLoggerFactory(stream or sys.stdout),
         cache_logger_on_first_use=False,
     )
-    logging.basicConfig(level=numeric, stream=sys.stderr, format="%(name)s %(message)s")
+    # Libraries log through the standard library (Alembic's migrations, uvicorn, APScheduler):
+    # their records are rendered by the same processors, as JSON lines on the same stream,
+    # so a log pipeline sees one format. A record names its library as ``logger``.
+    handler = logging.StreamHandler(stream or sys.stdout)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                renderer,
+            ],
+            foreign_pre_chain=[
+                structlog.stdlib.add_log_level,
+                structlog.stdlib.add_logger_name,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                structlog.processors.format_exc_info,
+            ],
+        )
+    )
+    # Replace only the handler an earlier call installed (a reload, a second command in one
+    # process); handlers others installed (a test runner's capture) stay.
+    handler.set_name(_HANDLER)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == _HANDLER]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(numeric)
     # httpx logs every request line at INFO (URLs may carry credentials); uvicorn's access
     # log would drown the probe lines.
-    for noisy in ("httpx", "httpcore", "uvicorn.access", "apscheduler"):
+    for noisy in ("httpx", "httpcore", "uvicorn.access", "apscheduler", "alembic.runtime.plugins"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
