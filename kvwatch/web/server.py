@@ -23,6 +23,9 @@ def embedded_server(app: ASGIApp, host: str, port: int) -> EmbeddedServer:
         host=host,
         port=port,
         log_level="warning",
+        # uvicorn's own logging set-up would print its warnings in its own format; without
+        # it they reach kvwatch's JSON handler like every other library's (kvwatch.logs).
+        log_config=None,
         access_log=False,
         lifespan="off",
         server_header=False,
