@@ -7,8 +7,9 @@ planned-vs-reported comparison sees nothing. What gives it away while planning i
 templated count does not grow with the filler (:mod:`kvwatch.canary.collapse`): the planner
 then sends the canary sized by its content, and the 3 tokens of usage show the truncation.
 
-With ``tokenizer: usage`` kvwatch sizes the prompt by characters, so it plans ~2,000 tokens and
-the 3 reported are caught as truncated with no help.
+With ``tokenizer: usage`` kvwatch sizes the prompt by characters (with its uncalibrated margin:
+its calibration request also comes back as 3 tokens, which teaches nothing), so it plans
+hundreds of tokens and the 3 reported are caught as truncated with no help.
 """
 
 from __future__ import annotations
@@ -46,5 +47,7 @@ async def test_a_collapsed_template_is_caught_as_truncated_with_the_usage_tokeni
         report = await rig.runner.run(rig.targets["collapsed-usage"], ProbeKind.UNDER)
     assert report.verdict is Verdict.TRUNCATED, report.reason
     assert report.reported_prompt_tokens == COLLAPSED_PROMPT_TOKENS
-    assert report.planned_prompt_tokens is not None and report.planned_prompt_tokens > 1000
+    # Uncalibrated (the calibration request's 3 tokens are a finding, not a count to learn
+    # from), the probe keeps the wide uncalibrated margin: hundreds of tokens, not 3.
+    assert report.planned_prompt_tokens is not None and report.planned_prompt_tokens > 500
     assert report.status == 200
