@@ -629,8 +629,12 @@ class ProbeRunner:
                 )
                 if restored:
                     counter.calibrations = Calibrations(restored)
-            if counter.calibrations.calibrated:
+            # One calibration request per process: an engine whose count is no count (a
+            # collapsed template reports 3 tokens) is not asked again before every probe;
+            # the probes' own reports calibrate it once they are believable.
+            if counter.calibrations.calibrated or counter.measured:
                 return
+            counter.measured = True
             try:
                 await self._calibrate(target, counter)
             except Exception as exc:  # planning it failed: size this probe uncalibrated

@@ -26,9 +26,10 @@ class EstimatingCounter:
 
     def __init__(self, calibrations: Calibrations | None = None) -> None:
         self.calibrations = calibrations or Calibrations()
-        # The runner's: the stored calibration was read (once per process), and one
-        # calibration request at a time.
+        # The runner's: the stored calibration was read, a calibration request was sent (each
+        # once per process), and one of them at a time.
         self.restored = False
+        self.measured = False
         self.lock = asyncio.Lock()
         # corrected count -> raw estimate behind it, for the report that comes back later.
         self._raw_of: OrderedDict[int, int] = OrderedDict()
