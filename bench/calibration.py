@@ -22,6 +22,7 @@ import statistics
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -66,7 +67,25 @@ def _local_tokenizers(folder: Path) -> dict[str, str]:
     )
     path = folder / "tokenizer.json"
     tok.save(str(path))
-    return {"usage": "usage", "hf": f"hf:{path}"}
+    # tiktoken's encodings are downloaded on first use; a byte-level one is built here (the
+    # config names it as usage, and the counter is swapped in: see one_run).
+    return {"usage": "usage", "tiktoken": "usage", "hf": f"hf:{path}"}
+
+
+def _byte_encoding() -> Any:
+    """A byte-level BPE with a handful of merges, built offline: a vocabulary far from the
+    engine's (about one token per character)."""
+    import tiktoken
+
+    ranks = {bytes([i]): i for i in range(256)}
+    for merge in (b"th", b"he", b"the", b" t", b"in", b"er", b"an", b" a"):
+        ranks[merge] = len(ranks)
+    return tiktoken.Encoding(
+        name="bench_bytes",
+        pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\w+| ?\d+| ?[^\s\w]+|\s+""",
+        mergeable_ranks=ranks,
+        special_tokens={},
+    )
 
 
 async def one_run(mode: str, spec: str, engine: str, folder: Path, run: int) -> dict[str, object]:
@@ -96,6 +115,11 @@ async def one_run(mode: str, spec: str, engine: str, folder: Path, run: int) -> 
         config = parse_config(yaml.safe_dump(doc), source="<bench>")
         metrics = ProbeMetrics(CollectorRegistry())
         [target] = build_targets(config.resolved_endpoints(), store, lambda _: client, metrics)
+        if mode == "tiktoken":
+            from kvwatch.tokens.local import TiktokenCounter
+
+            encoding = _byte_encoding()
+            target.counter = TiktokenCounter("bench_bytes", encoding=encoding)
         runner = ProbeRunner(store=store, metrics=metrics, replica="bench")
         limit = WINDOW - MAX_TOKENS
         for cycle in range(1, CYCLES + 1):
