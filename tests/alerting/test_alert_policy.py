@@ -18,12 +18,17 @@ from kvwatch.canary.model import SEVERITY, Severity, Verdict
 
 
 def test_every_failing_verdict_raises_exactly_one_alert() -> None:
-    """Pass, over_truncated and throttled raise nothing; every other verdict raises one
-    named alert."""
+    """Pass, over_truncated, throttled and sizing_miss raise nothing; every other verdict
+    raises one named alert."""
     policy = default_policy()
     for verdict in Verdict:
         alert = policy.alert_for(verdict)
-        if verdict in (Verdict.PASS, Verdict.OVER_TRUNCATED, Verdict.THROTTLED):
+        if verdict in (
+            Verdict.PASS,
+            Verdict.OVER_TRUNCATED,
+            Verdict.THROTTLED,
+            Verdict.SIZING_MISS,
+        ):
             assert alert is None
         else:
             assert alert is not None, verdict

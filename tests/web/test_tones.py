@@ -23,13 +23,14 @@ EXPECTED = {
     "error": "error",
     "auth_error": "error",
     "throttled": "muted",
+    "sizing_miss": "muted",
 }
 
 
 @pytest.mark.parametrize("verdict", list(Verdict))
 def test_every_verdict_has_its_colour(verdict: Verdict) -> None:
-    """Critical verdicts are red, warnings amber, error grey-amber, throttled grey, pass green,
-    and an engine's documented truncation (over_truncated) blue."""
+    """Critical verdicts are red, warnings amber, error grey-amber, throttled and sizing_miss
+    grey, pass green, and an engine's documented truncation (over_truncated) blue."""
     assert tone(verdict.value) == EXPECTED[verdict.value]
     if SEVERITY[verdict] is Severity.CRITICAL:
         assert tone(verdict.value) == "critical"
