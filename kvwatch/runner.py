@@ -662,8 +662,7 @@ class ProbeRunner:
                 reason=exchange.error_detail or "the engine reported no prompt token count",
             )
             return
-        before = counter.calibrations
-        counter.observe(found.planned, reported)
+        await self._teach(target, found.planned, reported)
         log.info(
             "calibrated",
             endpoint=spec.name,
@@ -672,7 +671,6 @@ class ProbeRunner:
             reported_prompt_tokens=reported,
             ratio=round(counter.calibrations.at(reported).ratio, 5),
         )
-        await self._save_calibration(target, counter, before)
 
     async def _learn(
         self, target: Target, plan: PlannedPrompt, exchange: Exchange, verdict: Verdict
@@ -683,15 +681,18 @@ class ProbeRunner:
         (truncated, marker_missing, over_truncated: the window, or a 1-token placeholder)
         would make every later canary of this endpoint the wrong size.
         """
-        counter = target.counter
         reported = engine_count(exchange)
-        if reported is None or verdict not in _COUNT_TRUSTED:
-            return
+        if reported is not None and verdict in _COUNT_TRUSTED:
+            await self._teach(target, plan.planned_tokens, reported)
+
+    async def _teach(self, target: Target, planned: int, reported: int) -> None:
+        """Tell the counter what the engine counted; store what an estimating one learnt."""
+        counter = target.counter
         if not isinstance(counter, EstimatingCounter):
-            counter.observe(plan.planned_tokens, reported)  # exact counters ignore it
+            counter.observe(planned, reported)  # exact counters ignore it
             return
         before = counter.calibrations
-        counter.observe(plan.planned_tokens, reported)
+        counter.observe(planned, reported)
         await self._save_calibration(target, counter, before)
 
     async def _save_calibration(
