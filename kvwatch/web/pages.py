@@ -6,13 +6,15 @@ than a JSON validation error.
 
 from __future__ import annotations
 
-from datetime import datetime
+import re
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup, escape
 
 from kvwatch import __version__
 from kvwatch.canary.localise import format_depth
@@ -36,6 +38,28 @@ def _when(value: datetime | None) -> str:
     return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+# An ISO 8601 time with its offset, as reasons quote them (``issued 2026-03-01T12:03:00.1+00:00``).
+_ISO_TIME = re.compile(r"\b\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2})")
+
+
+def _readable_times(text: str | None) -> Markup:
+    """``text`` with each ISO time in it written as the page writes times (UTC, to the second).
+
+    Only the page changes: the stored reason, which the API and CLI print, keeps the exact time.
+    A time without an offset is left as it is (its zone would be a guess).
+    """
+
+    def readable(match: re.Match[str]) -> str:
+        try:
+            moment = datetime.fromisoformat(match[0])
+        except ValueError:
+            return match[0]
+        return f'<time datetime="{match[0]}">{_when(moment.astimezone(UTC))}</time>'
+
+    # The pattern matches no character that escaping changes, so it runs on the escaped text.
+    return Markup(_ISO_TIME.sub(readable, str(escape(text or ""))))
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f} s"
 
@@ -55,7 +79,12 @@ def build_templates() -> Jinja2Templates:
         depth_bar=depth_bar,
         format_depth=format_depth,
     )
-    env.filters.update(when=_when, seconds=_seconds, tokens=_tokens)
+    env.filters.update(
+        when=_when,
+        seconds=_seconds,
+        tokens=_tokens,
+        readable_times=_readable_times,
+    )
     return templates
 
 
