@@ -28,7 +28,9 @@ from kvwatch.web.params import RANGES, ParamError, parse_time, parse_window
 from kvwatch.web.tones import severity, tone, worst
 
 TEMPLATES = Path(__file__).parent / "templates"
-STRIP = 40  # probes in an overview status strip
+# Probes in an overview status strip: with five kind columns of long verdicts and long
+# endpoint names, the table still fits a 1280 px screen (the strip's cells wrap beyond that).
+STRIP = 24
 PAGE = 50  # probes per list page
 BUCKETS = 120  # slices of the endpoint timeline (fewer when they are whole hours)
 MAX_ID = 2**63 - 1
@@ -60,6 +62,12 @@ def _readable_times(text: str | None) -> Markup:
     return Markup(_ISO_TIME.sub(readable, str(escape(text or ""))))
 
 
+def _breakable(name: str) -> Markup:
+    """An endpoint name that may wrap after a ``-``, ``.`` or ``_`` and nowhere else."""
+    # Browsers offer a break after a hyphen only; names like ``x.fp8_staging`` need the others.
+    return Markup(re.sub(r"([-._])(?=.)", r"\1<wbr>", str(escape(name))))
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f} s"
 
@@ -84,6 +92,7 @@ def build_templates() -> Jinja2Templates:
         seconds=_seconds,
         tokens=_tokens,
         readable_times=_readable_times,
+        breakable=_breakable,
     )
     return templates
 

@@ -1,6 +1,8 @@
-"""What a newcomer sees first: reasons whose times read like the rest of the page.
+"""What a newcomer sees first: reasons whose times read like the rest of the page and an
+overview that fits a laptop screen.
 
-The pages are checked as HTML and in headless Chromium.
+The pages are checked as HTML and in headless Chromium; the browser's overview is saved under
+artifacts/screenshots/.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from fastapi.testclient import TestClient
 
 from kvwatch.canary.markers import new_marker
 from kvwatch.store import NewProbe, ProbeOutcome, Store
+from kvwatch.web.pages import STRIP
 from tests.web.conftest import NOW
-from tests.web.test_browser import CHROMIUM, CHROMIUM_ARGS, _browser_or_skip, web
+from tests.web.test_browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, _browser_or_skip, web
 
 __all__ = ["web"]  # the served-app fixture, shared with the browser test
 
@@ -117,3 +120,89 @@ async def test_a_reasons_time_reads_like_the_page_in_the_browser(store: Store, w
 
     assert reason == SHOWN_REASON
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", started)
+
+
+# -- the overview at 1280 px ------------------------------------------------------------------
+
+SEPARATORS = "-._"
+# Names as long as fleets name them: region, purpose, model build, stage.
+LONG_NAMES = (
+    "glm-prod-eu-west-1-long-context-canary",
+    "qwen3-coder-480b-a35b-instruct.fp8_staging.eu-west-1",
+    "alpha",
+)
+# Each kind's latest verdict, among the longest there are: the widest overview row.
+LONG_VERDICTS = {
+    "under": "canary_ineffective",
+    "over": "wrong_rejection",
+    "baseline": "cross_tenant_leak",
+    "capacity": "capacity_mismatch",
+    "edge": "foreign_marker",
+}
+
+
+def _crowd(store: Store, now: datetime) -> None:
+    """Long names, five kinds with long latest verdicts, and far more probes than a strip."""
+    kinds = list(LONG_VERDICTS)
+    for name in LONG_NAMES:
+        for n in range(3 * STRIP):
+            kind = kinds[n % len(kinds)]
+            started = now - timedelta(minutes=30) + timedelta(seconds=20 * n)
+            _record(store, name, started, kind=kind, verdict=LONG_VERDICTS[kind])
+
+
+# For each element: the characters that end a rendered line (all but the last line).
+LINE_ENDS = """els => els.map(el => {
+    const chars = [];
+    const walk = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+    for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+        for (let i = 0; i < node.length; i++) {
+            const range = document.createRange();
+            range.setStart(node, i);
+            range.setEnd(node, i + 1);
+            chars.push([node.data[i], range.getBoundingClientRect().top]);
+        }
+    }
+    return chars.filter((c, i) => i + 1 < chars.length && chars[i + 1][1] > c[1] + 1)
+        .map(c => c[0]);
+})"""
+
+
+async def test_the_overview_fits_a_1280_pixel_screen_with_long_names_and_many_probes(
+    store: Store, web: str
+) -> None:
+    """At 1280×800 the page does not scroll sideways, strips stay in their cells, and names
+    wrap only after a separator."""
+    _browser_or_skip()
+    from playwright.async_api import async_playwright
+
+    _crowd(store, datetime.now(UTC))
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page(viewport={"width": 1280, "height": 800})
+            await page.goto(f"{web}/")
+            widths = await page.evaluate(
+                "[document.documentElement.scrollWidth, window.innerWidth]"
+            )
+            strips = await page.locator("div.strip").evaluate_all(
+                """strips => strips.map(s => {
+                    const strip = s.getBoundingClientRect();
+                    const cell = s.closest("td").getBoundingClientRect();
+                    return {cells: s.children.length,
+                            inside: strip.left >= cell.left && strip.right <= cell.right};
+                })"""
+            )
+            line_ends = await page.locator("a.name").evaluate_all(LINE_ENDS)
+            await page.screenshot(
+                path=SHOTS / f"overview-1280-{store.engine.dialect.name}.png", full_page=True
+            )
+        finally:
+            await browser.close()
+
+    assert widths[0] <= widths[1], f"the page is {widths[0]} px wide in a {widths[1]} px window"
+    assert strips == [{"cells": STRIP, "inside": True}] * len(LONG_NAMES)
+    assert any(line_ends), "no name wrapped, so none was tested"
+    for ends in line_ends:
+        assert all(c in SEPARATORS for c in ends), line_ends
