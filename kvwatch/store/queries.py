@@ -154,6 +154,15 @@ class HistoryQueries:
             row = c.execute(select(Endpoint).where(Endpoint.name == name)).first()
             return None if row is None else _endpoint(row)
 
+    def first_started_at(self, name: str) -> datetime | None:
+        """When the oldest stored probe of endpoint ``name`` started; None before any."""
+        with self._connect(f"could not read the first probe of {name!r}") as c:
+            # The first entry of ix_probes_history under this endpoint.
+            first: datetime | None = c.execute(
+                select(func.min(Probe.started_at)).where(Probe.endpoint == name)
+            ).scalar()
+            return first
+
     def overview(self, recent: int = 40) -> list[EndpointOverview]:
         """Every endpoint with its latest verdict per kind and its ``recent`` newest probes."""
         with self._connect("could not read the overview") as c:

@@ -7,7 +7,7 @@ than a JSON validation error.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,10 @@ TEMPLATES = Path(__file__).parent / "templates"
 # endpoint names, the table still fits a 1280 px screen (the strip's cells wrap beyond that).
 STRIP = 24
 PAGE = 50  # probes per list page
-BUCKETS = 120  # slices of the endpoint timeline (fewer when they are whole hours)
+BUCKETS = 120  # slices of the endpoint timeline (fewer when they are whole hours or uneven)
+# The shortest span a chart covers when it starts at the endpoint's first probe: a probe a few
+# seconds old is not stretched over the whole width, and slices stay a second or longer.
+MIN_CHART = timedelta(minutes=5)
 MAX_ID = 2**63 - 1
 
 
@@ -137,7 +140,11 @@ def build_pages(ctx: WebContext) -> APIRouter:
             return problem(request, 404, f"no endpoint named {name!r}")
         until = ctx.now()
         since = until - RANGES[range]
-        chart = queries.timeline(name, since, until, BUCKETS)
+        # A new endpoint's few minutes of history would be one bar at the right edge of a
+        # 24 h chart: when the history is shorter than the range, the chart starts with it.
+        first = queries.first_started_at(name)
+        start = since if first is None else max(since, min(first, until - MIN_CHART))
+        chart = queries.timeline(name, start, until, BUCKETS)
         page = queries.probes(ProbeFilter(endpoint=name), limit=PAGE)
         return render(
             request,
@@ -147,6 +154,7 @@ def build_pages(ctx: WebContext) -> APIRouter:
             served=ctx.store.served_windows(name).get(name),
             calibrations=ctx.store.calibrations(name),
             range=range,
+            history_from=first if start > since else None,
             summary=queries.summary(name, since, until),
             timeline=svg.timeline(chart.buckets, chart.count, chart.start, until),
             tokens=svg.tokens(chart.buckets, chart.count, chart.start, until),

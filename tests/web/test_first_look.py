@@ -1,5 +1,5 @@
-"""What a newcomer sees first: reasons whose times read like the rest of the page and an
-overview that fits a laptop screen.
+"""What a newcomer sees first: reasons whose times read like the rest of the page, an overview
+that fits a laptop screen, and a new endpoint's chart drawn across its width.
 
 The pages are checked as HTML and in headless Chromium; the browser's overview is saved under
 artifacts/screenshots/.
@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from fastapi.testclient import TestClient
 
 from kvwatch.canary.markers import new_marker
 from kvwatch.store import NewProbe, ProbeOutcome, Store
+from kvwatch.web import svg
 from kvwatch.web.pages import STRIP
 from tests.web.conftest import NOW
 from tests.web.test_browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, _browser_or_skip, web
@@ -206,3 +208,88 @@ async def test_the_overview_fits_a_1280_pixel_screen_with_long_names_and_many_pr
     assert any(line_ends), "no name wrapped, so none was tested"
     for ends in line_ends:
         assert all(c in SEPARATORS for c in ends), line_ends
+
+
+# -- a new endpoint's chart -------------------------------------------------------------------
+
+
+def _minutes_of_history(store: Store, endpoint: str, until: datetime, minutes: int) -> None:
+    """A probe a minute over the ``minutes`` before ``until``, durations varying."""
+    for m in range(minutes, 0, -1):
+        _record(store, endpoint, until - timedelta(minutes=m), duration=1.0 + m % 4)
+
+
+def _bar_xs(html: str) -> list[float]:
+    return [float(x) for x in re.findall(r'<rect class="bar [^"]*" x="([\d.]+)"', html)]
+
+
+def _chart_start(html: str) -> str:
+    """The time label under the left end of the first chart."""
+    found = re.search(rf'<text class="label" x="{svg.LEFT}" y="\d+">([^<]+)</text>', html)
+    assert found is not None
+    return found[1]
+
+
+def test_a_short_history_is_charted_across_the_whole_width(
+    client: TestClient, store: Store
+) -> None:
+    """Ten minutes of probes on the default 24 h page start at the left edge and reach the
+    right, one bar a minute."""
+    _minutes_of_history(store, "fresh", NOW, 10)
+    html = client.get("/endpoints/fresh").text
+    xs = _bar_xs(html)
+    plot = svg.RIGHT - svg.LEFT
+    assert len(set(xs)) == 10
+    assert min(xs) < svg.LEFT + 0.05 * plot
+    assert max(xs) > svg.RIGHT - 0.15 * plot
+    assert _chart_start(html) == "2026-03-01 12:50 UTC"
+    assert "its history starts 2026-03-01 12:50:00 UTC" in _text(html)
+
+
+def test_an_explicit_range_still_bounds_a_longer_history(client: TestClient, store: Store) -> None:
+    """Three hours of probes at ?range=1h: the chart covers the last hour only."""
+    _minutes_of_history(store, "older", NOW, 180)
+    html = client.get("/endpoints/older?range=1h").text
+    assert _chart_start(html) == "2026-03-01 12:00 UTC"
+    assert len(set(_bar_xs(html))) == 60
+    assert "its history starts" not in html
+
+
+def test_a_probe_seconds_old_is_charted_over_the_last_five_minutes(
+    client: TestClient, store: Store
+) -> None:
+    """A first probe 20 s ago is not stretched over the whole chart: it spans 5 minutes."""
+    _record(store, "newborn", NOW - timedelta(seconds=20))
+    html = client.get("/endpoints/newborn").text
+    assert _chart_start(html) == "2026-03-01 12:55 UTC"
+    (x,) = _bar_xs(html)
+    assert svg.RIGHT - 0.1 * (svg.RIGHT - svg.LEFT) < x < svg.RIGHT
+
+
+async def test_a_new_endpoints_bars_spread_across_its_chart_in_the_browser(
+    store: Store, web: str
+) -> None:
+    """In Chromium, ten minutes of history draw bars from the chart's left part to its right."""
+    _browser_or_skip()
+    from playwright.async_api import async_playwright
+
+    _minutes_of_history(store, "fresh", datetime.now(UTC), 10)
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page(viewport={"width": 1280, "height": 800})
+            await page.goto(f"{web}/endpoints/fresh")
+            chart: dict[str, Any] = await page.locator("svg.chart").first.evaluate(
+                """svg => ({
+                    box: svg.getBoundingClientRect().toJSON(),
+                    bars: [...svg.querySelectorAll("rect.bar")].map(
+                        b => b.getBoundingClientRect().left),
+                })"""
+            )
+        finally:
+            await browser.close()
+
+    box, bars = chart["box"], chart["bars"]
+    assert len({round(x) for x in bars}) == 10
+    assert min(bars) < box["left"] + 0.2 * box["width"]
+    assert max(bars) > box["left"] + 0.8 * box["width"]
