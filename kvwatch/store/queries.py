@@ -8,6 +8,7 @@ buckets by the database rather than fetched row by row.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -153,6 +154,15 @@ class HistoryQueries:
             row = c.execute(select(Endpoint).where(Endpoint.name == name)).first()
             return None if row is None else _endpoint(row)
 
+    def first_started_at(self, name: str) -> datetime | None:
+        """When the oldest stored probe of endpoint ``name`` started; None before any."""
+        with self._connect(f"could not read the first probe of {name!r}") as c:
+            # The first entry of ix_probes_history under this endpoint.
+            first: datetime | None = c.execute(
+                select(func.min(Probe.started_at)).where(Probe.endpoint == name)
+            ).scalar()
+            return first
+
     def overview(self, recent: int = 40) -> list[EndpointOverview]:
         """Every endpoint with its latest verdict per kind and its ``recent`` newest probes."""
         with self._connect("could not read the overview") as c:
@@ -277,11 +287,11 @@ class HistoryQueries:
     ) -> Timeline:
         """About ``buckets`` equal slices of ``[since, until)`` of finished probes.
 
-        Slices shorter than an hour split the window exactly into ``buckets`` and are
-        aggregated by the database. Longer ones are whole hours on the UTC hour grid (so
-        7 days in 120 slices become 85 slices of 2 hours), which lets the hourly rollups
-        answer: the first slice starts on the hour before ``since`` but counts only
-        probes from ``since`` on.
+        Slices shorter than an hour are whole seconds, ``buckets`` of them when that splits
+        the window exactly (fewer otherwise), and are aggregated by the database. Longer ones
+        are whole hours on the UTC hour grid (so 7 days in 120 slices become 85 slices of
+        2 hours), which lets the hourly rollups answer: the first slice starts on the hour
+        before ``since`` but counts only probes from ``since`` on.
         """
         if buckets < 1:
             raise ValueError(f"buckets must be at least 1, got {buckets}")
@@ -294,7 +304,9 @@ class HistoryQueries:
             return Timeline(
                 start=since,
                 width_seconds=width,
-                count=buckets,
+                # Fewer slices when whole seconds do not divide the window: the chart still
+                # ends at ``until`` rather than run on past it.
+                count=math.ceil(span / width),
                 buckets=self._fine_timeline(endpoint, since, until, width),
             )
         width = -(-width // rollups.HOUR) * rollups.HOUR

@@ -6,13 +6,15 @@ than a JSON validation error.
 
 from __future__ import annotations
 
-from datetime import datetime
+import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup, escape
 
 from kvwatch import __version__
 from kvwatch.canary.localise import format_depth
@@ -26,14 +28,47 @@ from kvwatch.web.params import RANGES, ParamError, parse_time, parse_window
 from kvwatch.web.tones import severity, tone, worst
 
 TEMPLATES = Path(__file__).parent / "templates"
-STRIP = 40  # probes in an overview status strip
+# Probes in an overview status strip: with five kind columns of long verdicts and long
+# endpoint names, the table still fits a 1280 px screen (the strip's cells wrap beyond that).
+STRIP = 24
 PAGE = 50  # probes per list page
-BUCKETS = 120  # slices of the endpoint timeline (fewer when they are whole hours)
+BUCKETS = 120  # slices of the endpoint timeline (fewer when they are whole hours or uneven)
+# The shortest span a chart covers when it starts at the endpoint's first probe: a probe a few
+# seconds old is not stretched over the whole width, and slices stay a second or longer.
+MIN_CHART = timedelta(minutes=5)
 MAX_ID = 2**63 - 1
 
 
 def _when(value: datetime | None) -> str:
     return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+# An ISO 8601 time with its offset, as reasons quote them (``issued 2026-03-01T12:03:00.1+00:00``).
+_ISO_TIME = re.compile(r"\b\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2})")
+
+
+def _readable_times(text: str | None) -> Markup:
+    """``text`` with each ISO time in it written as the page writes times (UTC, to the second).
+
+    Only the page changes: the stored reason, which the API and CLI print, keeps the exact time.
+    A time without an offset is left as it is (its zone would be a guess).
+    """
+
+    def readable(match: re.Match[str]) -> str:
+        try:
+            moment = datetime.fromisoformat(match[0])
+        except ValueError:
+            return match[0]
+        return f'<time datetime="{match[0]}">{_when(moment.astimezone(UTC))}</time>'
+
+    # The pattern matches no character that escaping changes, so it runs on the escaped text.
+    return Markup(_ISO_TIME.sub(readable, str(escape(text or ""))))
+
+
+def _breakable(name: str) -> Markup:
+    """An endpoint name that may wrap after a ``-``, ``.`` or ``_`` and nowhere else."""
+    # Browsers offer a break after a hyphen only; names like ``x.fp8_staging`` need the others.
+    return Markup(re.sub(r"([-._])(?=.)", r"\1<wbr>", str(escape(name))))
 
 
 def _seconds(value: float | None) -> str:
@@ -55,7 +90,13 @@ def build_templates() -> Jinja2Templates:
         depth_bar=depth_bar,
         format_depth=format_depth,
     )
-    env.filters.update(when=_when, seconds=_seconds, tokens=_tokens)
+    env.filters.update(
+        when=_when,
+        seconds=_seconds,
+        tokens=_tokens,
+        readable_times=_readable_times,
+        breakable=_breakable,
+    )
     return templates
 
 
@@ -99,7 +140,11 @@ def build_pages(ctx: WebContext) -> APIRouter:
             return problem(request, 404, f"no endpoint named {name!r}")
         until = ctx.now()
         since = until - RANGES[range]
-        chart = queries.timeline(name, since, until, BUCKETS)
+        # A new endpoint's few minutes of history would be one bar at the right edge of a
+        # 24 h chart: when the history is shorter than the range, the chart starts with it.
+        first = queries.first_started_at(name)
+        start = since if first is None else max(since, min(first, until - MIN_CHART))
+        chart = queries.timeline(name, start, until, BUCKETS)
         page = queries.probes(ProbeFilter(endpoint=name), limit=PAGE)
         return render(
             request,
@@ -109,6 +154,7 @@ def build_pages(ctx: WebContext) -> APIRouter:
             served=ctx.store.served_windows(name).get(name),
             calibrations=ctx.store.calibrations(name),
             range=range,
+            history_from=first if start > since else None,
             summary=queries.summary(name, since, until),
             timeline=svg.timeline(chart.buckets, chart.count, chart.start, until),
             tokens=svg.tokens(chart.buckets, chart.count, chart.start, until),

@@ -10,6 +10,7 @@ from sqlalchemy import select
 
 from kvwatch.store import NewProbe, ProbeOutcome, Store
 from kvwatch.store.models import Endpoint
+from kvwatch.store.queries import HistoryQueries
 
 NewProbeFactory = Callable[..., NewProbe]
 OutcomeFactory = Callable[..., ProbeOutcome]
@@ -113,3 +114,15 @@ def test_upserting_an_endpoint_keeps_its_id_and_refreshes_its_fields(
     assert (row.url, row.flavour, row.model) == ("http://b/v1", "vllm", "m2")
     assert (row.context_window, row.kv_pool_tokens, row.labels) == (4096, 8192, {"t": "x"})
     assert (row.created_at, row.updated_at) == (t0, later)
+
+
+def test_an_endpoints_first_probe_time_is_its_oldest_start(
+    store: Store, new_probe: NewProbeFactory, t0: datetime
+) -> None:
+    """first_started_at: the earliest started_at of that endpoint's probes, None before any."""
+    queries = HistoryQueries(store)
+    assert queries.first_started_at("glm-prod") is None
+    for minutes in (5, -3, 9):
+        store.begin_probe(new_probe(started_at=t0 + timedelta(minutes=minutes)))
+    store.begin_probe(new_probe(endpoint="other", started_at=t0 - timedelta(days=1)))
+    assert queries.first_started_at("glm-prod") == t0 - timedelta(minutes=3)

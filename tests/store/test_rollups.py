@@ -166,3 +166,15 @@ def test_a_short_timeline_keeps_its_exact_slices(
     chart = HistoryQueries(store).timeline("glm-prod", t0, t0 + timedelta(hours=24), 120)
     assert (chart.start, chart.width_seconds, chart.count) == (t0, 720, 120)
     assert [(b.index, b.verdicts) for b in chart.buckets] == [(2, {"pass": 1})]
+
+
+def test_a_short_timeline_of_an_uneven_span_ends_at_its_until(
+    store: Store, new_probe: NewProbeFactory, make_outcome: OutcomeFactory, t0: datetime
+) -> None:
+    """10.5 minutes in 120 slices: 6-second slices, only as many as reach until (105)."""
+    until = t0 + timedelta(seconds=630)
+    probe = replace(new_probe(), started_at=until - timedelta(seconds=1))
+    store.finish_probe(store.begin_probe(probe), make_outcome("pass"))
+    chart = HistoryQueries(store).timeline("glm-prod", t0, until, 120)
+    assert (chart.width_seconds, chart.count) == (6, 105)
+    assert [b.index for b in chart.buckets] == [104]
