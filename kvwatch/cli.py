@@ -15,7 +15,8 @@ from kvwatch import __version__, logs
 from kvwatch.canary.model import HEALTHY, DepthOutcome, ProbeKind, Verdict
 from kvwatch.config import Config, ConfigError, EndpointSpec, capacity_violations, load_config
 from kvwatch.engines.base import Engine
-from kvwatch.runner import TENANT_KINDS, ProbeReport
+from kvwatch.probe.chain import TENANT_KINDS
+from kvwatch.probe.model import ProbeReport
 from kvwatch.store.errors import StoreError
 
 DEFAULT_CONFIG = Path("kvwatch.yaml")
@@ -579,7 +580,7 @@ def _probe_text(p: Any) -> str:
 
 
 def _served_line(config: Config, name: str) -> str:
-    from kvwatch.served_window import describe
+    from kvwatch.probe.model import describe_served as describe
     from kvwatch.store.engine import create_engine_for
     from kvwatch.store.repository import Store
 

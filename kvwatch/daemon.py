@@ -31,8 +31,9 @@ from kvwatch.engines.base import Engine
 from kvwatch.engines.clients import EndpointClients
 from kvwatch.engines.factory import build_engine
 from kvwatch.metrics import ConfigMetrics, ProbeMetrics, ServedWindowCollector
+from kvwatch.probe.model import EndpointState, Target
+from kvwatch.probe.runner import ProbeRunner
 from kvwatch.retention import retention_loop
-from kvwatch.runner import ProbeRunner, Target
 from kvwatch.scheduler import ProbeScheduler
 from kvwatch.store import migrate
 from kvwatch.store.engine import create_engine_for
@@ -126,6 +127,9 @@ def build_targets(
     """Register ``specs`` and build their targets; ``client_for(name)``: the endpoint's HTTP
     client (:meth:`EndpointClients.for_endpoint` in the daemon)."""
     targets = []
+    # The served window measured before a restart or reload: the streak it belongs to goes on,
+    # and the next page of that streak must describe it (the runner reads it again anyway).
+    served = store.served_windows() if specs else {}
     # Filler piece counts are shared by every endpoint serving the same model.
     caches: dict[tuple[str, str], PieceCache] = {}
     for spec in specs:
@@ -169,13 +173,9 @@ def build_targets(
                 engine=engine,
                 counter=counter,
                 tenant_engines=tenant_engines,
+                state=EndpointState(served=served.get(spec.name)),
             )
         )
-    # The served window measured before a restart or reload: the streak it belongs to goes on,
-    # and the next page of that streak must describe it (the runner reads it again anyway).
-    served = store.served_windows() if targets else {}
-    for target in targets:
-        target.served = served.get(target.spec.name)
     return targets
 
 

@@ -224,7 +224,7 @@ class PlannedPrompt:
         return tuple(p.marker for p in self.placements) or (self.marker,)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Judgement:
     """A verdict with the one-line reason and the facts it rests on."""
 
