@@ -23,8 +23,7 @@ from kvwatch.alerting.state import (
     evaluate,
     with_served_window,
 )
-from kvwatch.probe.chain import WINDOW_KINDS
-from kvwatch.probe.model import ProbeReport, Target, describe_served
+from kvwatch.probe.model import WINDOW_KINDS, ProbeReport, Target, describe_served
 from kvwatch.store.records import AlertStateRecord, ServedWindowRecord
 
 # Probe kinds whose failures the served window explains.

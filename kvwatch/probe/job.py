@@ -3,6 +3,7 @@ the one signature every probe kind has (:class:`Prober`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,6 +13,7 @@ from kvwatch.canary.model import Placement, ProbeKind
 from kvwatch.config import TenantSpec
 from kvwatch.engines.base import ProgressCallback
 from kvwatch.metrics import ProbeMetrics
+from kvwatch.probe.chain import Step
 from kvwatch.probe.model import Target
 from kvwatch.probe.result import Attempt
 from kvwatch.store.records import NewProbe
@@ -51,6 +53,32 @@ class ProbeJob:
     size: int | None = None
     progress: ProgressCallback | None = None
     claim: SlotClaim | None = None
+
+    def sent_as(self, tenant: TenantSpec | None) -> ProbeJob:
+        """This job sent under ``tenant`` (None: the endpoint's identity); a capacity check
+        always runs under the endpoint's identity."""
+        default = self.target.spec.default_tenant
+        chosen = default if self.kind is ProbeKind.CAPACITY else (tenant or default)
+        return dataclasses.replace(self, tenant=chosen)
+
+    def next(
+        self, step: Step, previous: int | None, *, slot: int | None, tenant: TenantSpec | None
+    ) -> ProbeJob:
+        """The job for ``step`` after this one, whose probe was stored as ``previous``.
+
+        A re-plan links to the probe that missed, a confirmation to the probe it re-checks.
+        The edge probe after a capacity check takes the slot's tenant turn (or the
+        ``tenant`` the caller chose) but not the slot: its results never complete it."""
+        if step.kind is not self.kind:
+            target = self.target
+            chosen = target.tenant_of(step.kind, slot) if slot is not None else tenant
+            return ProbeJob(target, step.kind, progress=self.progress).sent_as(chosen)
+        return dataclasses.replace(
+            self,
+            confirms=previous if step.confirming else None,
+            trigger=previous if step.attempt else None,
+            attempt=step.attempt,
+        )
 
     def new_probe(
         self,

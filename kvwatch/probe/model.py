@@ -17,7 +17,10 @@ from kvwatch.canary.counting import TokenCounter
 from kvwatch.canary.model import DepthResult, ForeignMarker, ProbeKind, Verdict
 from kvwatch.config import EndpointSpec, TenantSpec
 from kvwatch.engines.base import Discovery, Engine
-from kvwatch.probe.chain import TENANT_KINDS
+
+# Re-exported: store and alerting read the probe package through its model only.
+from kvwatch.probe.chain import TENANT_KINDS as TENANT_KINDS
+from kvwatch.probe.chain import WINDOW_KINDS as WINDOW_KINDS
 from kvwatch.store.records import ServedWindowRecord
 
 

@@ -146,13 +146,13 @@ class ProbeRunner:
         """
         spec = target.spec
         job = ProbeJob(target, kind, slot=slot, claim=claim, progress=progress)
-        job = _with_tenant(job, target.tenant_of(kind, slot, tenant), spec.default_tenant)
+        job = job.sent_as(target.tenant_of(kind, slot, tenant))
         links: list[Link] = []
         reports: list[ProbeReport] = []
         step: Step | None = Step(kind)
         while step is not None:
             previous = reports[-1].probe_id if reports else None
-            job = _next_job(job, step, previous, slot, tenant)
+            job = job.next(step, previous, slot=slot, tenant=tenant)
             report = await self._probe(job, scheduled if not reports else None)
             if report is None and not links:
                 return []  # a capacity check that found nothing to compare
@@ -273,35 +273,3 @@ class ProbeRunner:
         result.observe(self.metrics)
         log.info("probe", **result.log_fields(write_seconds=write_seconds, scheduled=scheduled))
         return result.report()
-
-
-def _with_tenant(job: ProbeJob, tenant: TenantSpec | None, default: TenantSpec | None) -> ProbeJob:
-    """``job`` sent under ``tenant`` (or the endpoint's identity); a capacity check always
-    runs under the endpoint's identity."""
-    chosen = default if job.kind is ProbeKind.CAPACITY else (tenant or default)
-    return dataclasses.replace(job, tenant=chosen)
-
-
-def _next_job(
-    job: ProbeJob, step: Step, previous: int | None, slot: int | None, tenant: TenantSpec | None
-) -> ProbeJob:
-    """The job for ``step``, after ``job`` whose probe was stored as ``previous``.
-
-    A re-plan links to the probe that missed, a confirmation to the probe it re-checks. The
-    edge probe after a capacity check takes the slot's tenant turn (or the ``tenant`` the
-    caller chose) but not the slot: its results never complete it."""
-    if step.kind is not job.kind:
-        target = job.target
-        chosen = target.tenant_of(step.kind, slot) if slot is not None else tenant
-        return ProbeJob(
-            target,
-            step.kind,
-            tenant=chosen or target.spec.default_tenant,
-            progress=job.progress,
-        )
-    return dataclasses.replace(
-        job,
-        confirms=previous if step.confirming else None,
-        trigger=previous if step.attempt else None,
-        attempt=step.attempt,
-    )
