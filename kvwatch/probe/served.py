@@ -144,24 +144,8 @@ class ServedWindowTracker:
         the other steps proved)."""
         spec = target.spec
         window = target.window
-        failed = trigger.planned_prompt_tokens
-        assert window is not None and failed is not None
-        low = await asyncio.to_thread(
-            self.store.last_passing_size, spec.name, _PASSING_KINDS, failed
-        )
-        # The engine's own word first (the trigger's signal), then its KV pool: the size the
-        # incident class serves in practice. Both are verified like any other hint.
-        pool = edge_pool(spec.kv_pool_tokens, target.discovery) if target.discovery else None
-        pool = pool if pool is not None else spec.kv_pool_tokens
-        # Several depths put one marker at each: more fixed text, a larger smallest canary.
-        markers = len(spec.marker_depths) if len(spec.marker_depths) > 1 else 1
-        state = served.start(
-            served=low or 0,
-            unserved=failed,
-            window=window,
-            hints=(hint_of(trigger, target), pool),
-            floor=smallest_canary(markers),
-        )
+        assert window is not None
+        state = await self._start(target, trigger)
         steps: list[ProbeReport] = []
         unplanned = 0
         while (size := served.next_size(state)) is not None:
@@ -169,36 +153,18 @@ class ServedWindowTracker:
             steps.append(report)
             if report.planned_prompt_tokens is None:
                 unplanned += 1
-                log.warning(
-                    "served_window_planning_error",
-                    endpoint=spec.name,
-                    trigger_probe_id=trigger.probe_id,
-                    probe_id=report.probe_id,
-                    size=size,
-                    verdict=report.verdict.value,
-                    reason=report.reason,
-                )
+                _log_step("served_window_planning_error", spec.name, trigger, report, size)
                 state = served.unplannable(state, size)
                 continue
             if report.verdict in _NO_EVIDENCE:
-                log.warning(
-                    "served_window_aborted",
-                    endpoint=spec.name,
-                    trigger_probe_id=trigger.probe_id,
-                    probe_id=report.probe_id,
-                    size=size,
-                    verdict=report.verdict.value,
-                    reason=report.reason,
-                )
+                _log_step("served_window_aborted", spec.name, trigger, report, size)
                 return Measurement(None, tuple(steps))
-            state = served.observe(
-                state,
-                served.Observation(
-                    size=report.planned_prompt_tokens,
-                    whole=report.verdict is Verdict.PASS,
-                    hint=hint_of(report, target),
-                ),
+            observed = served.Observation(
+                size=report.planned_prompt_tokens,
+                whole=report.verdict is Verdict.PASS,
+                hint=hint_of(report, target),
             )
+            state = served.observe(state, observed)
         record = ServedWindowRecord(
             endpoint=spec.name,
             measured_at=self.clock(),
@@ -225,6 +191,29 @@ class ServedWindowTracker:
             unplanned_steps=unplanned,
         )
         return Measurement(record, tuple(steps))
+
+    async def _start(self, target: Target, trigger: ProbeReport) -> served.ServedSearch:
+        """The search between the last size a baseline proved served and the trigger's."""
+        spec = target.spec
+        window = target.window
+        failed = trigger.planned_prompt_tokens
+        assert window is not None and failed is not None
+        low = await asyncio.to_thread(
+            self.store.last_passing_size, spec.name, _PASSING_KINDS, failed
+        )
+        # The engine's own word first (the trigger's signal), then its KV pool: the size the
+        # incident class serves in practice. Both are verified like any other hint.
+        pool = edge_pool(spec.kv_pool_tokens, target.discovery) if target.discovery else None
+        pool = pool if pool is not None else spec.kv_pool_tokens
+        # Several depths put one marker at each: more fixed text, a larger smallest canary.
+        markers = len(spec.marker_depths) if len(spec.marker_depths) > 1 else 1
+        return served.start(
+            served=low or 0,
+            unserved=failed,
+            window=window,
+            hints=(hint_of(trigger, target), pool),
+            floor=smallest_canary(markers),
+        )
 
     async def _current(self, target: Target) -> ServedWindowRecord | None:
         found = await asyncio.to_thread(self.store.served_windows, target.spec.name)
@@ -259,3 +248,17 @@ class ServedWindowTracker:
             served_tokens=target.window,
             recovered_by_probe_id=passed.probe_id,
         )
+
+
+def _log_step(
+    event: str, endpoint: str, trigger: ProbeReport, report: ProbeReport, size: int
+) -> None:
+    log.warning(
+        event,
+        endpoint=endpoint,
+        trigger_probe_id=trigger.probe_id,
+        probe_id=report.probe_id,
+        size=size,
+        verdict=report.verdict.value,
+        reason=report.reason,
+    )
