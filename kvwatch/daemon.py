@@ -8,9 +8,10 @@ endpoints), the main wait, and the graceful shutdown on SIGTERM/SIGINT.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,6 +27,7 @@ from kvwatch.alerting.alertmanager import AlertmanagerSettings, TLSSettings
 from kvwatch.alerting.delivery import Delivery
 from kvwatch.alerting.evaluator import AlertEvaluator
 from kvwatch.alerting.policy import default_policy
+from kvwatch.canary.counting import TokenCounter
 from kvwatch.config import Config, ConfigError, EndpointSpec, capacity_violations, load_config
 from kvwatch.engines.base import Engine
 from kvwatch.engines.clients import EndpointClients
@@ -118,6 +120,48 @@ def public_base_url(config: Config) -> str:
     return f"http://{config.listen}"
 
 
+def endpoint_engines(
+    spec: EndpointSpec, client: httpx.AsyncClient
+) -> tuple[Engine, dict[str, Engine]]:
+    """The endpoint's adapter and one per tenant (cheap: they share ``client``), so a
+    tenant's key is only ever sent on that tenant's canaries. The endpoint's own adapter
+    (discovery, planning, probes without a tenant) sends its api_key, or the first tenant's
+    when it has none."""
+
+    def engine_with(key: SecretStr | None) -> Engine:
+        return build_engine(
+            flavour=spec.flavour,
+            url=spec.url,
+            model=spec.model,
+            api_key=key.get_secret_value() if key else None,
+            body_limit_bytes=spec.body_limit_bytes,
+            client=client,
+        )
+
+    tenant_engines = {tenant.name: engine_with(tenant.api_key) for tenant in spec.tenants}
+    default = spec.default_tenant
+    engine = tenant_engines[default.name] if default is not None else engine_with(spec.api_key)
+    return engine, tenant_engines
+
+
+def token_counter(
+    spec: EndpointSpec, engine: Engine, cache: PieceCache | None = None
+) -> TokenCounter:
+    """How the endpoint's tokens are counted (``tokenizer:``), through ``engine``."""
+    return build_counter(spec.tokenizer, engine, cache)
+
+
+@contextlib.contextmanager
+def history_store(config: Config) -> Iterator[Store]:
+    """The store for a one-shot command (results, show, served-window, prune): not scoped
+    to a region, so its reads see every region's history; closed on exit."""
+    store = Store(create_engine_for(config.database))
+    try:
+        yield store
+    finally:
+        store.engine.dispose()
+
+
 def build_targets(
     specs: Sequence[EndpointSpec],
     store: Store,
@@ -142,24 +186,9 @@ def build_targets(
             spec.kv_pool_tokens,
             dict(spec.labels),
         )
-
-        def engine_with(key: SecretStr | None, spec: EndpointSpec = spec) -> Engine:
-            return build_engine(
-                flavour=spec.flavour,
-                url=spec.url,
-                model=spec.model,
-                api_key=key.get_secret_value() if key else None,
-                body_limit_bytes=spec.body_limit_bytes,
-                client=client_for(spec.name),
-            )
-
-        # One adapter per tenant (cheap: they share the endpoint's client), so a tenant's key is
-        # only ever sent on that tenant's canaries.
-        tenant_engines = {tenant.name: engine_with(tenant.api_key) for tenant in spec.tenants}
-        default = spec.default_tenant
-        engine = tenant_engines[default.name] if default is not None else engine_with(spec.api_key)
+        engine, tenant_engines = endpoint_engines(spec, client_for(spec.name))
         cache = caches.setdefault((spec.flavour, spec.model), PieceCache())
-        counter = build_counter(spec.tokenizer, engine, cache)
+        counter = token_counter(spec, engine, cache)
         metrics.register_endpoint(
             spec.name,
             spec.model,
