@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from kvwatch.canary.localise import Lost, localise, outcomes_in
 from kvwatch.canary.model import (
     DepthOutcome,
+    DepthResult,
     Exchange,
     ForeignMarker,
     Judgement,
@@ -69,20 +70,52 @@ def judge(
     """
     if scan is None:
         scan = scan_answer(ex.answer, plan.markers, foreign)
-    foreign = scan.foreign
     doubt = unbelievable_usage(plan, ex)
     # A count that cannot be believed is no evidence of what was read, nor of drift.
     reported = None if doubt is not None else ex.prompt_tokens
     drift = None if reported is None else reported - plan.planned_tokens
-    depths = outcomes_in(plan.placements, scan) if len(plan.placements) > 1 else []
-    if depths:
-        # Several markers: the prompt was read whole only if every one came back.
-        found = ex.answer is not None and all(d.outcome is DepthOutcome.FOUND for d in depths)
-        lost = localise(depths, planned=plan.planned_tokens, reported=reported)
-        where = lost.sentence if lost.lost is not Lost.NONE else None
-    else:
-        found = scan.answered and scan.recalled(plan.marker)
-        where = None
+    found, depths, where = _recall(plan, ex, scan, reported)
+    verdict = _maker(ex, scan, found, drift, depths, where)
+    if ex.transport_error is not None:
+        return verdict(V.ERROR, f"transport failure ({ex.transport_error}): {ex.error_detail}")
+    status = ex.status
+    if status is None:
+        return verdict(V.ERROR, "no HTTP status recorded")
+    if status in (401, 403):
+        return verdict(V.AUTH_ERROR, f"HTTP {status}: credentials refused")
+    if status == 429:
+        return verdict(V.THROTTLED, "HTTP 429: throttled, retry later")
+    leak = _leak(scan, tenant, verdict)
+    if leak is not None:
+        return leak
+    if plan.kind is ProbeKind.OVER:
+        return _judge_over(plan, ex, verdict, truncates_to, doubt)
+    return _judge_recall(plan, ex, scan, found, drift, verdict, doubt)
+
+
+def _recall(
+    plan: PlannedPrompt, ex: Exchange, scan: AnswerScan, reported: int | None
+) -> tuple[bool, list[DepthResult], str | None]:
+    """Whether the answer recalled the prompt, each depth's outcome, and (with several
+    markers, some lost) the sentence saying which part of the prompt was lost."""
+    if len(plan.placements) <= 1:
+        return scan.answered and scan.recalled(plan.marker), [], None
+    depths = outcomes_in(plan.placements, scan)
+    # Several markers: the prompt was read whole only if every one came back.
+    found = ex.answer is not None and all(d.outcome is DepthOutcome.FOUND for d in depths)
+    lost = localise(depths, planned=plan.planned_tokens, reported=reported)
+    return found, depths, lost.sentence if lost.lost is not Lost.NONE else None
+
+
+def _maker(
+    ex: Exchange,
+    scan: AnswerScan,
+    found: bool,
+    drift: int | None,
+    depths: list[DepthResult],
+    where: str | None,
+) -> _Make:
+    """How a verdict and its reason become a Judgement carrying the facts it rests on."""
 
     def verdict(v: V, reason: str) -> Judgement:
         if where is not None and v in _LOCALISED:
@@ -99,23 +132,17 @@ def judge(
             v,
             reason,
             marker_found=found,
-            foreign=list(foreign),
+            foreign=list(scan.foreign),
             token_drift=drift,
             depths=list(depths) if ex.answer is not None else [],
         )
 
-    if ex.transport_error is not None:
-        return verdict(V.ERROR, f"transport failure ({ex.transport_error}): {ex.error_detail}")
-    status = ex.status
-    if status is None:
-        return verdict(V.ERROR, "no HTTP status recorded")
-    if status in (401, 403):
-        return verdict(V.AUTH_ERROR, f"HTTP {status}: credentials refused")
-    if status == 429:
-        return verdict(V.THROTTLED, "HTTP 429: throttled, retry later")
+    return verdict
 
-    # A leak is proof of a broken engine whatever else happened on this request. One that
-    # crosses tenants is the incident itself (a customer sees another's data), so it wins.
+
+def _leak(scan: AnswerScan, tenant: str | None, verdict: _Make) -> Judgement | None:
+    """A leak is proof of a broken engine whatever else happened on this request. One that
+    crosses tenants is the incident itself (a customer sees another's data), so it wins."""
     crossed = scan.crossed(tenant)
     if crossed:
         first = crossed[0]
@@ -125,17 +152,14 @@ def judge(
             f"issued under tenant {first.tenant} ({first.endpoint}, "
             f"issued {first.issued_at.isoformat()})",
         )
-    if foreign:
-        first = foreign[0]
+    if scan.foreign:
+        first = scan.foreign[0]
         return verdict(
             V.FOREIGN_MARKER,
             f"answer holds marker of probe {first.probe_id} ({first.endpoint}, "
             f"issued {first.issued_at.isoformat()})",
         )
-
-    if plan.kind is ProbeKind.OVER:
-        return _judge_over(plan, ex, verdict, truncates_to, doubt)
-    return _judge_recall(plan, ex, scan, found, drift, verdict, doubt)
+    return None
 
 
 def unbelievable_usage(plan: PlannedPrompt, ex: Exchange) -> str | None:
