@@ -417,26 +417,39 @@ def results(
             if page.next_before_id is None:
                 break
             before = page.next_before_id
-    fields = (
-        "id",
-        "started_at",
-        "endpoint",
-        "kind",
-        "state",
-        "verdict",
-        "http_status",
-        "planned_prompt_tokens",
-        "reported_prompt_tokens",
-        "marker_found",
-        "lost",
-        "duration_seconds",
-        "replica",
-        "region",
-        "tenant",
-        "reason",
-    )
+    _echo_results(rows, output)
+
+
+# The columns of `kvwatch results`, in order.
+RESULT_FIELDS = (
+    "id",
+    "started_at",
+    "endpoint",
+    "kind",
+    "state",
+    "verdict",
+    "http_status",
+    "planned_prompt_tokens",
+    "reported_prompt_tokens",
+    "marker_found",
+    "lost",
+    "duration_seconds",
+    "replica",
+    "region",
+    "tenant",
+    "reason",
+)
+
+
+def _echo_results(rows: Sequence[Any], output: str) -> None:
+    """``rows`` as JSON lines, CSV or an aligned table, one probe each."""
+    from datetime import datetime
+
     records = [
-        {f: (v.isoformat() if isinstance(v := _field(r, f), datetime) else v) for f in fields}
+        {
+            f: (v.isoformat() if isinstance(v := _field(r, f), datetime) else v)
+            for f in RESULT_FIELDS
+        }
         for r in rows
     ]
     if output == "json":
@@ -445,14 +458,14 @@ def results(
     elif output == "csv":
         import csv
 
-        writer = csv.DictWriter(sys.stdout, fieldnames=fields, lineterminator="\n")
+        writer = csv.DictWriter(sys.stdout, fieldnames=RESULT_FIELDS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(records)
     else:
-        table = [fields] + [
-            tuple("-" if r[f] is None else str(r[f]) for f in fields) for r in records
+        table = [RESULT_FIELDS] + [
+            tuple("-" if r[f] is None else str(r[f]) for f in RESULT_FIELDS) for r in records
         ]
-        widths = [max(len(row[i]) for row in table) for i in range(len(fields))]
+        widths = [max(len(row[i]) for row in table) for i in range(len(RESULT_FIELDS))]
         for row in table:
             click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 

@@ -51,6 +51,9 @@ from kvwatch.writebehind import ResultBuffer
 
 log = structlog.get_logger("kvwatch.daemon")
 
+# Settings bound at start: a reload reports their change as needing a restart.
+RESTART_SETTINGS = ("database", "listen", "replica", "region", "alertmanager", "retention", "web")
+
 
 @dataclass
 class Built:
@@ -309,19 +312,7 @@ class Daemon:
         if violations:
             return False, "\n".join(violations)
         built, scheduler = self._built, self._scheduler
-        fixed = [
-            key
-            for key in (
-                "database",
-                "listen",
-                "replica",
-                "region",
-                "alertmanager",
-                "retention",
-                "web",
-            )
-            if getattr(new, key) != getattr(self.config, key)
-        ]
+        fixed = [key for key in RESTART_SETTINGS if getattr(new, key) != getattr(self.config, key)]
         old = {t.spec.name: t for t in built.targets}
         specs = {spec.name: spec for spec in new.resolved_endpoints()}
         removed = [name for name in old if name not in specs]
@@ -333,20 +324,7 @@ class Daemon:
         except StoreError as exc:
             return False, f"could not register endpoints: {exc}"
         for name in removed:
-            spec = old[name].spec
-            scheduler.remove(name, spec.probes)
-            built.clients.retire(name, idle=functools.partial(scheduler.idle, name))
-            if built.alerts is not None:
-                retired = built.alerts.retire(name)
-                try:
-                    await asyncio.to_thread(built.store.save_alert_states, retired)
-                except StoreError as exc:
-                    log.warning("retire_alerts_failed", endpoint=name, error=str(exc))
-                else:
-                    built.alerts.committed(retired)
-            built.metrics.forget_endpoint(
-                name, spec.model, spec.flavour, [k.value for k in spec.probes]
-            )
+            await _retire(built, scheduler, old[name].spec)
         for target in fresh:
             previous = old.get(target.spec.name)
             if previous is not None:
@@ -384,29 +362,14 @@ class Daemon:
             self._config_metrics.loaded(datetime.now(UTC))
             stack.push_async_callback(built.clients.aclose)
             stack.callback(built.store.engine.dispose)
-            recovered = await asyncio.to_thread(
-                built.store.interrupt_running,
-                replica=config.replica_id,
-                reason="kvwatch stopped before the probe finished (recovered at start)",
-            )
-            if recovered:
-                built.metrics.interrupted.inc(recovered)
-            # Claims this replica held when it was killed: free them for the first runs.
-            await asyncio.to_thread(built.store.expire_claims, config.replica_id)
+            recovered = await _recover(built, config.replica_id)
             if built.delivery is not None:
                 delivery_task = asyncio.create_task(built.delivery.run(), name="alert-delivery")
                 stack.push_async_callback(_stop_delivery, built.delivery, delivery_task)
             scheduler = ProbeScheduler(built.runner)
             self._scheduler = scheduler
             scheduler.start(built.targets)
-            sweeping = asyncio.create_task(scheduler.sweep_expired(built.store), name="sweep")
-            stack.push_async_callback(_cancel, sweeping)
-            flushing = asyncio.create_task(built.runner.results.run(), name="flush")
-            stack.push_async_callback(_flush_and_cancel, built.runner.results, flushing)
-            pruning = asyncio.create_task(
-                retention_loop(built.store, config.retention), name="retention"
-            )
-            stack.push_async_callback(_cancel, pruning)
+            _start_loops(stack, built, scheduler, config)
             host, port = split_listen(config.listen)
             web = embedded_server(
                 create_app(
@@ -444,6 +407,50 @@ class Daemon:
             log.info("stopped")
             if web_task.done() and web_task.exception() is not None:
                 raise SystemExit(f"web server failed: {web_task.exception()}")
+
+
+async def _recover(built: Built, replica: str) -> int:
+    """What a previous process of this replica left: its running probes are marked
+    interrupted (returned: how many), and its slot claims freed for the first runs."""
+    recovered = await asyncio.to_thread(
+        built.store.interrupt_running,
+        replica=replica,
+        reason="kvwatch stopped before the probe finished (recovered at start)",
+    )
+    if recovered:
+        built.metrics.interrupted.inc(recovered)
+    await asyncio.to_thread(built.store.expire_claims, replica)
+    return recovered
+
+
+def _start_loops(
+    stack: AsyncExitStack, built: Built, scheduler: ProbeScheduler, config: Config
+) -> None:
+    """The loops beside the scheduler (expired-claim sweep, buffered-result flush,
+    retention), each stopped by ``stack`` on the way out."""
+    sweeping = asyncio.create_task(scheduler.sweep_expired(built.store), name="sweep")
+    stack.push_async_callback(_cancel, sweeping)
+    flushing = asyncio.create_task(built.runner.results.run(), name="flush")
+    stack.push_async_callback(_flush_and_cancel, built.runner.results, flushing)
+    pruning = asyncio.create_task(retention_loop(built.store, config.retention), name="retention")
+    stack.push_async_callback(_cancel, pruning)
+
+
+async def _retire(built: Built, scheduler: ProbeScheduler, spec: EndpointSpec) -> None:
+    """An endpoint left the config: unschedule it, close its client once idle, resolve its
+    alerts and drop its series."""
+    name = spec.name
+    scheduler.remove(name, spec.probes)
+    built.clients.retire(name, idle=functools.partial(scheduler.idle, name))
+    if built.alerts is not None:
+        retired = built.alerts.retire(name)
+        try:
+            await asyncio.to_thread(built.store.save_alert_states, retired)
+        except StoreError as exc:
+            log.warning("retire_alerts_failed", endpoint=name, error=str(exc))
+        else:
+            built.alerts.committed(retired)
+    built.metrics.forget_endpoint(name, spec.model, spec.flavour, [k.value for k in spec.probes])
 
 
 async def _flush_and_cancel(results: ResultBuffer, task: asyncio.Task[None]) -> None:
