@@ -19,6 +19,7 @@ allowed between planned and reported counts is the calibrated error (``plan.tole
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 from kvwatch.canary.localise import Lost, localise, outcomes_in
@@ -146,12 +147,13 @@ def _leak(scan: AnswerScan, tenant: str | None, verdict: _Make) -> Judgement | N
     crossed = scan.crossed(tenant)
     if crossed:
         first = crossed[0]
-        return verdict(
+        leak = verdict(
             V.CROSS_TENANT_LEAK,
             f"answer given to tenant {tenant} holds the marker of probe {first.probe_id} "
             f"issued under tenant {first.tenant} ({first.endpoint}, "
             f"issued {first.issued_at.isoformat()})",
         )
+        return dataclasses.replace(leak, crossed=tuple(crossed))
     if scan.foreign:
         first = scan.foreign[0]
         return verdict(

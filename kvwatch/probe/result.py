@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import Any
 
 from kvwatch.canary.model import Exchange, Judgement, PlannedPrompt, ProbeKind, Verdict
-from kvwatch.canary.scan import cross_tenant_markers
 from kvwatch.limits import STORED_ERROR_CHARS, bounded
 from kvwatch.metrics import ProbeMetrics
 from kvwatch.probe.model import ProbeReport
@@ -119,10 +118,9 @@ class ProbeResult:
                 completion=ex.completion_tokens,
             )
         tenant = a.new.tenant
-        crossed = cross_tenant_markers(j.foreign, tenant)
-        if j.verdict is Verdict.CROSS_TENANT_LEAK and crossed and tenant:
-            source = crossed[0].tenant
-            assert source is not None  # cross_tenant_markers keeps named tenants only
+        if j.verdict is Verdict.CROSS_TENANT_LEAK and j.crossed and tenant:
+            source = j.crossed[0].tenant
+            assert source is not None  # only markers of named tenants cross
             metrics.observe_cross_tenant_leak(
                 endpoint=endpoint,
                 kind=kind,
