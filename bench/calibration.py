@@ -33,7 +33,7 @@ from kvwatch.canary.model import SEVERITY, ProbeKind, Severity, Verdict
 from kvwatch.config import parse_config
 from kvwatch.daemon import build_targets
 from kvwatch.metrics import ProbeMetrics
-from kvwatch.runner import ProbeRunner
+from kvwatch.probe.runner import ProbeRunner
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import SimEndpoint
 from kvwatch.store.engine import create_engine_for

@@ -30,8 +30,9 @@ from bench.machine import describe
 from kvwatch import logs
 from kvwatch.canary import served
 from kvwatch.canary.model import ProbeKind, Verdict
-from kvwatch.runner import ProbeReport, ProbeRunner, Target
-from kvwatch.served_window import ServedWindowTracker, hint_of
+from kvwatch.probe.model import ProbeReport, Target
+from kvwatch.probe.runner import ProbeRunner
+from kvwatch.probe.served import ServedWindowTracker, hint_of
 from kvwatch.simulator.server import RunningSimulator, run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.engine import create_engine_for

@@ -30,7 +30,7 @@ from kvwatch.config import parse_config
 from kvwatch.daemon import build_targets
 from kvwatch.logs import configure as configure_logs
 from kvwatch.metrics import ProbeMetrics
-from kvwatch.runner import ProbeRunner
+from kvwatch.probe.runner import ProbeRunner
 from kvwatch.store.engine import create_engine_for
 from kvwatch.store.migrate import upgrade_engine
 from kvwatch.store.repository import Store

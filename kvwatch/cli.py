@@ -15,7 +15,8 @@ from kvwatch import __version__, logs
 from kvwatch.canary.model import HEALTHY, DepthOutcome, ProbeKind, Verdict
 from kvwatch.config import Config, ConfigError, EndpointSpec, capacity_violations, load_config
 from kvwatch.engines.base import Engine
-from kvwatch.runner import TENANT_KINDS, ProbeReport
+from kvwatch.probe.chain import TENANT_KINDS
+from kvwatch.probe.model import ProbeReport
 from kvwatch.store.errors import StoreError
 
 DEFAULT_CONFIG = Path("kvwatch.yaml")
@@ -162,21 +163,14 @@ def limit_notes(config: Config) -> list[str]:
 async def _check_live(config: Config) -> bool:
     """Discover each endpoint's window and pool; False if any is refused by the gate."""
     from kvwatch.capacity import FindingKind, assess
+    from kvwatch.daemon import endpoint_engines
     from kvwatch.engines.base import EngineAuthError
     from kvwatch.engines.clients import build_http_client
-    from kvwatch.engines.factory import build_engine
 
     ok = True
     async with build_http_client() as client:
         for spec in config.resolved_endpoints():
-            engine = build_engine(
-                flavour=spec.flavour,
-                url=spec.url,
-                model=spec.model,
-                api_key=_discovery_key(spec),
-                body_limit_bytes=spec.body_limit_bytes,
-                client=client,
-            )
+            engine, _tenants = endpoint_engines(spec, client)
             try:
                 async with asyncio.timeout(spec.timeouts[ProbeKind.CAPACITY]):
                     found = await engine.discover()
@@ -204,13 +198,13 @@ async def _check_live(config: Config) -> bool:
 async def _estimate_line(spec: EndpointSpec, engine: Engine, window: int | None) -> str:
     """How far kvwatch's token estimate is from the engine's own count, measured now with
     one short request (a finding to read, not a failure: calibration corrects it)."""
-    from kvwatch.tokens.factory import build_counter
+    from kvwatch.daemon import token_counter
     from kvwatch.tokens.measure import measure
 
     if window is None:
         return f"tokenizer {spec.tokenizer}: no window known, cannot measure the estimate"
     try:
-        counter = build_counter(spec.tokenizer, engine)
+        counter = token_counter(spec, engine)
         found = await measure(
             engine, counter, window=window, timeout=spec.timeouts[ProbeKind.BASELINE]
         )
@@ -228,13 +222,6 @@ async def _estimate_line(spec: EndpointSpec, engine: Engine, window: int | None)
         f"engine counted {found.reported} ({miss:+.1%}); calibration corrects this from the "
         "engine's reports"
     )
-
-
-def _discovery_key(spec: EndpointSpec) -> str | None:
-    """The key discovery is sent with: the endpoint's, else its first tenant's (as the daemon)."""
-    default = spec.default_tenant
-    key = default.api_key if default is not None else spec.api_key
-    return key.get_secret_value() if key is not None else None
 
 
 @main.command()
@@ -443,9 +430,8 @@ def results(
     """Stored probe results, newest first (json: one object per line)."""
     from datetime import UTC, datetime
 
-    from kvwatch.store.engine import create_engine_for
+    from kvwatch.daemon import history_store
     from kvwatch.store.queries import MAX_PAGE, HistoryQueries, ProbeFilter
-    from kvwatch.store.repository import Store
     from kvwatch.web.params import ParamError, parse_time
 
     now = datetime.now(UTC)
@@ -456,7 +442,7 @@ def results(
         raise click.UsageError(str(exc)) from None
     if start is not None and end is not None and start >= end:
         raise click.UsageError("--since must be before --until")
-    engine = create_engine_for(_history_database(config_path))
+    database = _history_database(config_path)
     filters = ProbeFilter(
         endpoint=endpoint,
         kind=kind,
@@ -467,8 +453,8 @@ def results(
         until=end,
     )
     rows: list[Any] = []
-    try:
-        queries = HistoryQueries(Store(engine))
+    with history_store(database) as store:
+        queries = HistoryQueries(store)
         before: int | None = None
         while len(rows) < limit:
             page = queries.probes(filters, limit=min(MAX_PAGE, limit - len(rows)), before_id=before)
@@ -476,28 +462,39 @@ def results(
             if page.next_before_id is None:
                 break
             before = page.next_before_id
-    finally:
-        engine.dispose()
-    fields = (
-        "id",
-        "started_at",
-        "endpoint",
-        "kind",
-        "state",
-        "verdict",
-        "http_status",
-        "planned_prompt_tokens",
-        "reported_prompt_tokens",
-        "marker_found",
-        "lost",
-        "duration_seconds",
-        "replica",
-        "region",
-        "tenant",
-        "reason",
-    )
+    _echo_results(rows, output)
+
+
+# The columns of `kvwatch results`, in order.
+RESULT_FIELDS = (
+    "id",
+    "started_at",
+    "endpoint",
+    "kind",
+    "state",
+    "verdict",
+    "http_status",
+    "planned_prompt_tokens",
+    "reported_prompt_tokens",
+    "marker_found",
+    "lost",
+    "duration_seconds",
+    "replica",
+    "region",
+    "tenant",
+    "reason",
+)
+
+
+def _echo_results(rows: Sequence[Any], output: str) -> None:
+    """``rows`` as JSON lines, CSV or an aligned table, one probe each."""
+    from datetime import datetime
+
     records = [
-        {f: (v.isoformat() if isinstance(v := _field(r, f), datetime) else v) for f in fields}
+        {
+            f: (v.isoformat() if isinstance(v := _field(r, f), datetime) else v)
+            for f in RESULT_FIELDS
+        }
         for r in rows
     ]
     if output == "json":
@@ -506,14 +503,14 @@ def results(
     elif output == "csv":
         import csv
 
-        writer = csv.DictWriter(sys.stdout, fieldnames=fields, lineterminator="\n")
+        writer = csv.DictWriter(sys.stdout, fieldnames=RESULT_FIELDS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(records)
     else:
-        table = [fields] + [
-            tuple("-" if r[f] is None else str(r[f]) for f in fields) for r in records
+        table = [RESULT_FIELDS] + [
+            tuple("-" if r[f] is None else str(r[f]) for f in RESULT_FIELDS) for r in records
         ]
-        widths = [max(len(row[i]) for row in table) for i in range(len(fields))]
+        widths = [max(len(row[i]) for row in table) for i in range(len(RESULT_FIELDS))]
         for row in table:
             click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
@@ -531,19 +528,15 @@ def _marker_cell(r: ProbeReport) -> str:
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def show(config_path: Path | None, probe_id: int, output: str) -> None:
     """All the evidence of one probe (the JSON is the API's /api/v1/probes/ID shape)."""
-    from kvwatch.store.engine import create_engine_for
+    from kvwatch.daemon import history_store
     from kvwatch.store.queries import HistoryQueries
-    from kvwatch.store.repository import Store
     from kvwatch.web import schemas
     from kvwatch.web.settings import WebSettings
 
-    engine = create_engine_for(_history_database(config_path))
-    try:
-        queries = HistoryQueries(Store(engine))
+    with history_store(_history_database(config_path)) as store:
+        queries = HistoryQueries(store)
         row = queries.probe(probe_id)
         confirmed_by = [] if row is None else [p.id for p in queries.confirmations_of(probe_id)]
-    finally:
-        engine.dispose()
     if row is None:
         click.echo(f"no probe {probe_id}", err=True)
         raise SystemExit(1)
@@ -622,15 +615,11 @@ def _probe_text(p: Any) -> str:
 
 
 def _served_line(config: Config, name: str) -> str:
-    from kvwatch.served_window import describe
-    from kvwatch.store.engine import create_engine_for
-    from kvwatch.store.repository import Store
+    from kvwatch.daemon import history_store
+    from kvwatch.probe.model import describe_served as describe
 
-    engine = create_engine_for(config.database)
-    try:
-        record = Store(engine).served_windows(name).get(name)
-    finally:
-        engine.dispose()
+    with history_store(config.database) as store:
+        record = store.served_windows(name).get(name)
     if record is None or not record.measured:
         # Bisect steps ran, yet nothing was measured: the search was cut short.
         return "Served window: not measured (the search stopped without a result)."
@@ -643,14 +632,10 @@ def _served_line(config: Config, name: str) -> str:
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def served_window(config_path: Path | None, name: str | None, output: str) -> None:
     """What each endpoint really serves, as last measured after a window failure."""
-    from kvwatch.store.engine import create_engine_for
-    from kvwatch.store.repository import Store
+    from kvwatch.daemon import history_store
 
-    engine = create_engine_for(_history_database(config_path))
-    try:
-        windows = Store(engine).served_windows(name)
-    finally:
-        engine.dispose()
+    with history_store(_history_database(config_path)) as store:
+        windows = store.served_windows(name)
     if output == "json":
         for endpoint, w in sorted(windows.items()):
             click.echo(
@@ -696,16 +681,12 @@ def served_window(config_path: Path | None, name: str | None, output: str) -> No
 @config_option
 def prune(config_path: Path | None) -> None:
     """Delete probe results older than the retention settings (critical ones are kept longer)."""
+    from kvwatch.daemon import history_store
     from kvwatch.retention import prune_once
-    from kvwatch.store.engine import create_engine_for
-    from kvwatch.store.repository import Store
 
     config = _load(config_path)
-    engine = create_engine_for(config.database)
-    try:
-        deleted = prune_once(Store(engine), config.retention)
-    finally:
-        engine.dispose()
+    with history_store(config.database) as store:
+        deleted = prune_once(store, config.retention)
     click.echo(f"pruned {deleted} probes")
 
 

@@ -8,9 +8,10 @@ endpoints), the main wait, and the graceful shutdown on SIGTERM/SIGINT.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,13 +27,15 @@ from kvwatch.alerting.alertmanager import AlertmanagerSettings, TLSSettings
 from kvwatch.alerting.delivery import Delivery
 from kvwatch.alerting.evaluator import AlertEvaluator
 from kvwatch.alerting.policy import default_policy
+from kvwatch.canary.counting import TokenCounter
 from kvwatch.config import Config, ConfigError, EndpointSpec, capacity_violations, load_config
 from kvwatch.engines.base import Engine
 from kvwatch.engines.clients import EndpointClients
 from kvwatch.engines.factory import build_engine
 from kvwatch.metrics import ConfigMetrics, ProbeMetrics, ServedWindowCollector
+from kvwatch.probe.model import EndpointState, Target
+from kvwatch.probe.runner import ProbeRunner
 from kvwatch.retention import retention_loop
-from kvwatch.runner import ProbeRunner, Target
 from kvwatch.scheduler import ProbeScheduler
 from kvwatch.store import migrate
 from kvwatch.store.engine import create_engine_for
@@ -47,6 +50,9 @@ from kvwatch.web.server import embedded_server, split_listen
 from kvwatch.writebehind import ResultBuffer
 
 log = structlog.get_logger("kvwatch.daemon")
+
+# Settings bound at start: a reload reports their change as needing a restart.
+RESTART_SETTINGS = ("database", "listen", "replica", "region", "alertmanager", "retention", "web")
 
 
 @dataclass
@@ -117,6 +123,49 @@ def public_base_url(config: Config) -> str:
     return f"http://{config.listen}"
 
 
+def endpoint_engines(
+    spec: EndpointSpec, client: httpx.AsyncClient
+) -> tuple[Engine, dict[str, Engine]]:
+    """The endpoint's adapter and one per tenant (cheap: they share ``client``), so a
+    tenant's key is only ever sent on that tenant's canaries. The endpoint's own adapter
+    (discovery, planning, probes without a tenant) sends its api_key, or the first tenant's
+    when it has none."""
+
+    def engine_with(key: SecretStr | None) -> Engine:
+        return build_engine(
+            flavour=spec.flavour,
+            url=spec.url,
+            model=spec.model,
+            api_key=key.get_secret_value() if key else None,
+            body_limit_bytes=spec.body_limit_bytes,
+            client=client,
+        )
+
+    tenant_engines = {tenant.name: engine_with(tenant.api_key) for tenant in spec.tenants}
+    default = spec.default_tenant
+    engine = tenant_engines[default.name] if default is not None else engine_with(spec.api_key)
+    return engine, tenant_engines
+
+
+def token_counter(
+    spec: EndpointSpec, engine: Engine, cache: PieceCache | None = None
+) -> TokenCounter:
+    """How the endpoint's tokens are counted (``tokenizer:``), through ``engine``."""
+    return build_counter(spec.tokenizer, engine, cache)
+
+
+@contextlib.contextmanager
+def history_store(database: str) -> Iterator[Store]:
+    """The store for a one-shot command (results, show, served-window, prune) on the
+    ``database`` URL: not scoped to a region, so its reads see every region's history;
+    closed on exit."""
+    store = Store(create_engine_for(database))
+    try:
+        yield store
+    finally:
+        store.engine.dispose()
+
+
 def build_targets(
     specs: Sequence[EndpointSpec],
     store: Store,
@@ -126,6 +175,9 @@ def build_targets(
     """Register ``specs`` and build their targets; ``client_for(name)``: the endpoint's HTTP
     client (:meth:`EndpointClients.for_endpoint` in the daemon)."""
     targets = []
+    # The served window measured before a restart or reload: the streak it belongs to goes on,
+    # and the next page of that streak must describe it (the runner reads it again anyway).
+    served = store.served_windows() if specs else {}
     # Filler piece counts are shared by every endpoint serving the same model.
     caches: dict[tuple[str, str], PieceCache] = {}
     for spec in specs:
@@ -138,24 +190,9 @@ def build_targets(
             spec.kv_pool_tokens,
             dict(spec.labels),
         )
-
-        def engine_with(key: SecretStr | None, spec: EndpointSpec = spec) -> Engine:
-            return build_engine(
-                flavour=spec.flavour,
-                url=spec.url,
-                model=spec.model,
-                api_key=key.get_secret_value() if key else None,
-                body_limit_bytes=spec.body_limit_bytes,
-                client=client_for(spec.name),
-            )
-
-        # One adapter per tenant (cheap: they share the endpoint's client), so a tenant's key is
-        # only ever sent on that tenant's canaries.
-        tenant_engines = {tenant.name: engine_with(tenant.api_key) for tenant in spec.tenants}
-        default = spec.default_tenant
-        engine = tenant_engines[default.name] if default is not None else engine_with(spec.api_key)
+        engine, tenant_engines = endpoint_engines(spec, client_for(spec.name))
         cache = caches.setdefault((spec.flavour, spec.model), PieceCache())
-        counter = build_counter(spec.tokenizer, engine, cache)
+        counter = token_counter(spec, engine, cache)
         metrics.register_endpoint(
             spec.name,
             spec.model,
@@ -169,13 +206,9 @@ def build_targets(
                 engine=engine,
                 counter=counter,
                 tenant_engines=tenant_engines,
+                state=EndpointState(served=served.get(spec.name)),
             )
         )
-    # The served window measured before a restart or reload: the streak it belongs to goes on,
-    # and the next page of that streak must describe it (the runner reads it again anyway).
-    served = store.served_windows() if targets else {}
-    for target in targets:
-        target.served = served.get(target.spec.name)
     return targets
 
 
@@ -280,19 +313,7 @@ class Daemon:
         if violations:
             return False, "\n".join(violations)
         built, scheduler = self._built, self._scheduler
-        fixed = [
-            key
-            for key in (
-                "database",
-                "listen",
-                "replica",
-                "region",
-                "alertmanager",
-                "retention",
-                "web",
-            )
-            if getattr(new, key) != getattr(self.config, key)
-        ]
+        fixed = [key for key in RESTART_SETTINGS if getattr(new, key) != getattr(self.config, key)]
         old = {t.spec.name: t for t in built.targets}
         specs = {spec.name: spec for spec in new.resolved_endpoints()}
         removed = [name for name in old if name not in specs]
@@ -304,20 +325,7 @@ class Daemon:
         except StoreError as exc:
             return False, f"could not register endpoints: {exc}"
         for name in removed:
-            spec = old[name].spec
-            scheduler.remove(name, spec.probes)
-            built.clients.retire(name, idle=functools.partial(scheduler.idle, name))
-            if built.alerts is not None:
-                retired = built.alerts.retire(name)
-                try:
-                    await asyncio.to_thread(built.store.save_alert_states, retired)
-                except StoreError as exc:
-                    log.warning("retire_alerts_failed", endpoint=name, error=str(exc))
-                else:
-                    built.alerts.committed(retired)
-            built.metrics.forget_endpoint(
-                name, spec.model, spec.flavour, [k.value for k in spec.probes]
-            )
+            await _retire(built, scheduler, old[name].spec)
         for target in fresh:
             previous = old.get(target.spec.name)
             if previous is not None:
@@ -355,29 +363,14 @@ class Daemon:
             self._config_metrics.loaded(datetime.now(UTC))
             stack.push_async_callback(built.clients.aclose)
             stack.callback(built.store.engine.dispose)
-            recovered = await asyncio.to_thread(
-                built.store.interrupt_running,
-                replica=config.replica_id,
-                reason="kvwatch stopped before the probe finished (recovered at start)",
-            )
-            if recovered:
-                built.metrics.interrupted.inc(recovered)
-            # Claims this replica held when it was killed: free them for the first runs.
-            await asyncio.to_thread(built.store.expire_claims, config.replica_id)
+            recovered = await _recover(built, config.replica_id)
             if built.delivery is not None:
                 delivery_task = asyncio.create_task(built.delivery.run(), name="alert-delivery")
                 stack.push_async_callback(_stop_delivery, built.delivery, delivery_task)
             scheduler = ProbeScheduler(built.runner)
             self._scheduler = scheduler
             scheduler.start(built.targets)
-            sweeping = asyncio.create_task(scheduler.sweep_expired(built.store), name="sweep")
-            stack.push_async_callback(_cancel, sweeping)
-            flushing = asyncio.create_task(built.runner.results.run(), name="flush")
-            stack.push_async_callback(_flush_and_cancel, built.runner.results, flushing)
-            pruning = asyncio.create_task(
-                retention_loop(built.store, config.retention), name="retention"
-            )
-            stack.push_async_callback(_cancel, pruning)
+            _start_loops(stack, built, scheduler, config)
             host, port = split_listen(config.listen)
             web = embedded_server(
                 create_app(
@@ -415,6 +408,50 @@ class Daemon:
             log.info("stopped")
             if web_task.done() and web_task.exception() is not None:
                 raise SystemExit(f"web server failed: {web_task.exception()}")
+
+
+async def _recover(built: Built, replica: str) -> int:
+    """What a previous process of this replica left: its running probes are marked
+    interrupted (returned: how many), and its slot claims freed for the first runs."""
+    recovered = await asyncio.to_thread(
+        built.store.interrupt_running,
+        replica=replica,
+        reason="kvwatch stopped before the probe finished (recovered at start)",
+    )
+    if recovered:
+        built.metrics.interrupted.inc(recovered)
+    await asyncio.to_thread(built.store.expire_claims, replica)
+    return recovered
+
+
+def _start_loops(
+    stack: AsyncExitStack, built: Built, scheduler: ProbeScheduler, config: Config
+) -> None:
+    """The loops beside the scheduler (expired-claim sweep, buffered-result flush,
+    retention), each stopped by ``stack`` on the way out."""
+    sweeping = asyncio.create_task(scheduler.sweep_expired(built.store), name="sweep")
+    stack.push_async_callback(_cancel, sweeping)
+    flushing = asyncio.create_task(built.runner.results.run(), name="flush")
+    stack.push_async_callback(_flush_and_cancel, built.runner.results, flushing)
+    pruning = asyncio.create_task(retention_loop(built.store, config.retention), name="retention")
+    stack.push_async_callback(_cancel, pruning)
+
+
+async def _retire(built: Built, scheduler: ProbeScheduler, spec: EndpointSpec) -> None:
+    """An endpoint left the config: unschedule it, close its client once idle, resolve its
+    alerts and drop its series."""
+    name = spec.name
+    scheduler.remove(name, spec.probes)
+    built.clients.retire(name, idle=functools.partial(scheduler.idle, name))
+    if built.alerts is not None:
+        retired = built.alerts.retire(name)
+        try:
+            await asyncio.to_thread(built.store.save_alert_states, retired)
+        except StoreError as exc:
+            log.warning("retire_alerts_failed", endpoint=name, error=str(exc))
+        else:
+            built.alerts.committed(retired)
+    built.metrics.forget_endpoint(name, spec.model, spec.flavour, [k.value for k in spec.probes])
 
 
 async def _flush_and_cancel(results: ResultBuffer, task: asyncio.Task[None]) -> None:

@@ -20,7 +20,9 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from kvwatch.canary.model import ProbeKind
-from kvwatch.runner import ProbeRunner, Target
+from kvwatch.probe.chain import claim_ttl
+from kvwatch.probe.model import Target
+from kvwatch.probe.runner import ProbeRunner
 from kvwatch.store.errors import StoreError
 from kvwatch.store.repository import Store
 
@@ -172,10 +174,10 @@ class ProbeScheduler:
             await asyncio.sleep(every)
             if not self._targets:
                 continue
-            # Old enough for a claim to have expired (two deadlines and a margin, as
-            # run_slot sets), plus two intervals and two sweeps of slack.
+            # Old enough for a claim to have expired (the longest claim any of its kinds
+            # takes), plus two intervals and two sweeps of slack.
             horizon = max(
-                2 * max(t.spec.timeouts.values()) + 30 + 2 * t.spec.interval_seconds + 2 * every
+                claim_ttl(max(t.spec.timeouts.values())) + 2 * t.spec.interval_seconds + 2 * every
                 for t in self._targets.values()
             )
             try:

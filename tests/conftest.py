@@ -32,7 +32,7 @@ from sqlalchemy.pool import NullPool
 
 from kvwatch.store.engine import create_engine_for
 from kvwatch.store.migrate import upgrade_engine
-from kvwatch.store.repository import Store
+from tests.helpers.store import Store
 
 DEFAULT_TEST_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 

@@ -33,28 +33,9 @@ from kvwatch.alerting.alertmanager import (
     build_http_client,
     postable_alert,
 )
-from kvwatch.alerting.policy import (
-    CANARY_INEFFECTIVE,
-    CAPACITY_MISMATCH,
-    CONTEXT_NOT_HONORED,
-    CROSS_REQUEST_LEAK,
-    LIMIT_NOT_ENFORCED,
-    PROBE_FAILING,
-    WINDOW_NOT_SERVED,
-    WRONG_REJECTION,
-)
+from kvwatch.alerting.policy import ALERTNAMES
 from kvwatch.alerting.state import StoredAlertState
 
-ALERTNAMES = (
-    CROSS_REQUEST_LEAK,
-    CONTEXT_NOT_HONORED,
-    LIMIT_NOT_ENFORCED,
-    CAPACITY_MISMATCH,
-    WINDOW_NOT_SERVED,
-    WRONG_REJECTION,
-    PROBE_FAILING,
-    CANARY_INEFFECTIVE,
-)
 # Never sleep less than this between cycles: a clock that does not move (or a due time in the
 # past) must not turn the loop into a busy spin.
 _MIN_SLEEP = 0.2

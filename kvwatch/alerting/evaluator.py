@@ -12,9 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
-from kvwatch import served_window
 from kvwatch.alerting.policy import AlertingPolicy
 from kvwatch.alerting.state import (
     AlertKey,
@@ -25,20 +23,18 @@ from kvwatch.alerting.state import (
     evaluate,
     with_served_window,
 )
+from kvwatch.probe.model import WINDOW_KINDS, ProbeReport, Target, describe_served
 from kvwatch.store.records import AlertStateRecord, ServedWindowRecord
 
-if TYPE_CHECKING:
-    from kvwatch.runner import ProbeReport, Target
-
 # Probe kinds whose failures the served window explains.
-_WINDOW_PROBES = frozenset({"under", "edge"})
+_WINDOW_PROBES = frozenset(k.value for k in WINDOW_KINDS)
 
 
 def _served_sentence(report: ProbeReport, target: Target) -> str | None:
     record = target.served
     if record is None or not record.measured or report.kind.value not in _WINDOW_PROBES:
         return None
-    return served_window.describe(record)
+    return describe_served(record)
 
 
 class AlertEvaluator:
@@ -98,7 +94,7 @@ class AlertEvaluator:
         :func:`_served_sentence` gives no sentence for one."""
         if not record.measured:
             return []
-        sentence = served_window.describe(record)
+        sentence = describe_served(record)
         now = self._clock()
         changed = []
         for state in self._states.values():

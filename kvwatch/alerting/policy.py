@@ -22,6 +22,18 @@ WINDOW_NOT_SERVED = "KVWatchWindowNotServed"
 WRONG_REJECTION = "KVWatchWrongRejection"
 PROBE_FAILING = "KVWatchProbeFailing"
 CANARY_INEFFECTIVE = "KVWatchCanaryIneffective"
+# Every alert kvwatch raises (DESIGN §6): delivery starts each one's firing gauge at zero.
+ALERTNAMES = (
+    CROSS_REQUEST_LEAK,
+    CROSS_TENANT_LEAK,
+    CONTEXT_NOT_HONORED,
+    LIMIT_NOT_ENFORCED,
+    CAPACITY_MISMATCH,
+    WINDOW_NOT_SERVED,
+    WRONG_REJECTION,
+    PROBE_FAILING,
+    CANARY_INEFFECTIVE,
+)
 
 DEFAULT_RUNBOOK_BASE = "https://github.com/kvwatch/kvwatch/blob/main/docs/runbooks.md"
 

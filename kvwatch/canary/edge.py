@@ -21,6 +21,7 @@ from kvwatch.canary.model import (
     Rejection,
     Verdict,
 )
+from kvwatch.canary.scan import AnswerScan
 from kvwatch.canary.verdicts import judge
 
 
@@ -30,13 +31,14 @@ def judge_edge(
     foreign: Sequence[ForeignMarker] = (),
     *,
     tenant: str | None = None,
+    scan: AnswerScan | None = None,
 ) -> Judgement:
     """Classify an edge probe. A 2xx is judged exactly like *under* (marker, usage, stream);
     a 4xx context-length rejection passes; any other non-2xx is a ``wrong_rejection``."""
     # Judged as a recall probe: the same checks, in the same order, for every 2xx, and the
     # same transport / auth / throttling / leak verdicts for everything before a status.
     as_recall = dataclasses.replace(plan, kind=ProbeKind.UNDER)
-    judgement = judge(as_recall, ex, foreign, tenant=tenant)
+    judgement = judge(as_recall, ex, foreign, tenant=tenant, scan=scan)
     status = ex.status
     if (
         judgement.verdict in (Verdict.ERROR, Verdict.UNDER_REJECTED)

@@ -18,8 +18,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvwatch.canary import markers
 from kvwatch.canary.model import DepthOutcome, DepthResult, ForeignMarker, Placement
+from kvwatch.canary.scan import AnswerScan, scan_answer
 
 
 class Lost(enum.StrEnum):
@@ -47,13 +47,17 @@ def outcomes(
     placements: Sequence[Placement], answer: str | None, foreign: Sequence[ForeignMarker]
 ) -> list[DepthResult]:
     """Each placement's outcome in ``answer``, shallowest first."""
-    recalled = set(markers.markers_in_answer(answer)) if answer else set()
-    lost_to = DepthOutcome.FOREIGN if foreign else DepthOutcome.MISSING
+    return outcomes_in(placements, scan_answer(answer, (), foreign))
+
+
+def outcomes_in(placements: Sequence[Placement], scan: AnswerScan) -> list[DepthResult]:
+    """Each placement's outcome in an answer already scanned, shallowest first."""
+    lost_to = DepthOutcome.FOREIGN if scan.foreign else DepthOutcome.MISSING
     return [
         DepthResult(
             depth=p.depth,
             marker=p.marker,
-            outcome=DepthOutcome.FOUND if markers.canonical(p.marker) in recalled else lost_to,
+            outcome=DepthOutcome.FOUND if scan.recalled(p.marker) else lost_to,
         )
         for p in sorted(placements, key=lambda p: p.depth)
     ]

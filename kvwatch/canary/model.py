@@ -224,7 +224,7 @@ class PlannedPrompt:
         return tuple(p.marker for p in self.placements) or (self.marker,)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Judgement:
     """A verdict with the one-line reason and the facts it rests on."""
 
@@ -235,3 +235,5 @@ class Judgement:
     token_drift: int | None = None  # reported - planned, when both are known and believed
     # Per depth, when the prompt carried one marker per depth; empty otherwise.
     depths: list[DepthResult] = field(default_factory=list)
+    # The foreign markers issued under another named tenant (a cross_tenant_leak's source).
+    crossed: tuple[ForeignMarker, ...] = ()

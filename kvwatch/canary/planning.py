@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from kvwatch.canary import filler
 from kvwatch.canary.collapse import swallowed_reason, template_swallows_content
+from kvwatch.canary.counting import TokenCounter
 from kvwatch.canary.markers import PREFIX as MARKER_PREFIX
 from kvwatch.canary.model import Message, Placement, PlannedPrompt, ProbeKind
-from kvwatch.tokens.base import TokenCounter
 
 QUESTION = "What is the code you were asked to remember? Answer with the code only."
 # Answer tokens to allow per code when a prompt carries one per depth: a marker is 7-15

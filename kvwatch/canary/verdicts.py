@@ -19,12 +19,13 @@ allowed between planned and reported counts is the calibrated error (``plan.tole
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
-from kvwatch.canary import markers
-from kvwatch.canary.localise import Lost, localise, outcomes
+from kvwatch.canary.localise import Lost, localise, outcomes_in
 from kvwatch.canary.model import (
     DepthOutcome,
+    DepthResult,
     Exchange,
     ForeignMarker,
     Judgement,
@@ -33,6 +34,9 @@ from kvwatch.canary.model import (
     Rejection,
 )
 from kvwatch.canary.model import Verdict as V
+from kvwatch.canary.scan import AnswerScan, cross_tenant_markers, scan_answer
+
+__all__ = ["ESTIMATE_SHORTFALL", "cross_tenant_markers", "judge", "unbelievable_usage"]
 
 _Make = Callable[[V, str], Judgement]
 # The verdicts about what the engine read, whose reason says which part it lost.
@@ -55,27 +59,64 @@ def judge(
     *,
     truncates_to: int | None = None,
     tenant: str | None = None,
+    scan: AnswerScan | None = None,
 ) -> Judgement:
-    """Classify one probe. ``foreign`` are markers in the answer issued to *other* probes.
+    """Classify one probe. ``foreign`` are markers in the answer issued to *other* probes;
+    ``scan``, the answer already read (its foreign markers then stand for ``foreign``).
 
     ``truncates_to`` is for an engine with no hard limit (Ollama), which cuts an over-long
     prompt down to its window instead of refusing it: that window. ``None`` (every other
     engine) means an over-limit prompt must be refused. ``tenant`` is the tenant whose
     credentials this probe was sent with (None: the endpoint's own key).
     """
+    if scan is None:
+        scan = scan_answer(ex.answer, plan.markers, foreign)
     doubt = unbelievable_usage(plan, ex)
     # A count that cannot be believed is no evidence of what was read, nor of drift.
     reported = None if doubt is not None else ex.prompt_tokens
     drift = None if reported is None else reported - plan.planned_tokens
-    depths = outcomes(plan.placements, ex.answer, foreign) if len(plan.placements) > 1 else []
-    if depths:
-        # Several markers: the prompt was read whole only if every one came back.
-        found = ex.answer is not None and all(d.outcome is DepthOutcome.FOUND for d in depths)
-        lost = localise(depths, planned=plan.planned_tokens, reported=reported)
-        where = lost.sentence if lost.lost is not Lost.NONE else None
-    else:
-        found = ex.answer is not None and markers.contains_marker(ex.answer, plan.marker)
-        where = None
+    found, depths, where = _recall(plan, ex, scan, reported)
+    verdict = _maker(ex, scan, found, drift, depths, where)
+    if ex.transport_error is not None:
+        return verdict(V.ERROR, f"transport failure ({ex.transport_error}): {ex.error_detail}")
+    status = ex.status
+    if status is None:
+        return verdict(V.ERROR, "no HTTP status recorded")
+    if status in (401, 403):
+        return verdict(V.AUTH_ERROR, f"HTTP {status}: credentials refused")
+    if status == 429:
+        return verdict(V.THROTTLED, "HTTP 429: throttled, retry later")
+    leak = _leak(scan, tenant, verdict)
+    if leak is not None:
+        return leak
+    if plan.kind is ProbeKind.OVER:
+        return _judge_over(plan, ex, verdict, truncates_to, doubt)
+    return _judge_recall(plan, ex, scan, found, drift, verdict, doubt)
+
+
+def _recall(
+    plan: PlannedPrompt, ex: Exchange, scan: AnswerScan, reported: int | None
+) -> tuple[bool, list[DepthResult], str | None]:
+    """Whether the answer recalled the prompt, each depth's outcome, and (with several
+    markers, some lost) the sentence saying which part of the prompt was lost."""
+    if len(plan.placements) <= 1:
+        return scan.answered and scan.recalled(plan.marker), [], None
+    depths = outcomes_in(plan.placements, scan)
+    # Several markers: the prompt was read whole only if every one came back.
+    found = ex.answer is not None and all(d.outcome is DepthOutcome.FOUND for d in depths)
+    lost = localise(depths, planned=plan.planned_tokens, reported=reported)
+    return found, depths, lost.sentence if lost.lost is not Lost.NONE else None
+
+
+def _maker(
+    ex: Exchange,
+    scan: AnswerScan,
+    found: bool,
+    drift: int | None,
+    depths: list[DepthResult],
+    where: str | None,
+) -> _Make:
+    """How a verdict and its reason become a Judgement carrying the facts it rests on."""
 
     def verdict(v: V, reason: str) -> Judgement:
         if where is not None and v in _LOCALISED:
@@ -92,43 +133,35 @@ def judge(
             v,
             reason,
             marker_found=found,
-            foreign=list(foreign),
+            foreign=list(scan.foreign),
             token_drift=drift,
             depths=list(depths) if ex.answer is not None else [],
         )
 
-    if ex.transport_error is not None:
-        return verdict(V.ERROR, f"transport failure ({ex.transport_error}): {ex.error_detail}")
-    status = ex.status
-    if status is None:
-        return verdict(V.ERROR, "no HTTP status recorded")
-    if status in (401, 403):
-        return verdict(V.AUTH_ERROR, f"HTTP {status}: credentials refused")
-    if status == 429:
-        return verdict(V.THROTTLED, "HTTP 429: throttled, retry later")
+    return verdict
 
-    # A leak is proof of a broken engine whatever else happened on this request. One that
-    # crosses tenants is the incident itself (a customer sees another's data), so it wins.
-    crossed = cross_tenant_markers(foreign, tenant)
+
+def _leak(scan: AnswerScan, tenant: str | None, verdict: _Make) -> Judgement | None:
+    """A leak is proof of a broken engine whatever else happened on this request. One that
+    crosses tenants is the incident itself (a customer sees another's data), so it wins."""
+    crossed = scan.crossed(tenant)
     if crossed:
         first = crossed[0]
-        return verdict(
+        leak = verdict(
             V.CROSS_TENANT_LEAK,
             f"answer given to tenant {tenant} holds the marker of probe {first.probe_id} "
             f"issued under tenant {first.tenant} ({first.endpoint}, "
             f"issued {first.issued_at.isoformat()})",
         )
-    if foreign:
-        first = foreign[0]
+        return dataclasses.replace(leak, crossed=tuple(crossed))
+    if scan.foreign:
+        first = scan.foreign[0]
         return verdict(
             V.FOREIGN_MARKER,
             f"answer holds marker of probe {first.probe_id} ({first.endpoint}, "
             f"issued {first.issued_at.isoformat()})",
         )
-
-    if plan.kind is ProbeKind.OVER:
-        return _judge_over(plan, ex, verdict, truncates_to, doubt)
-    return _judge_recall(plan, ex, found, drift, verdict, doubt)
+    return None
 
 
 def unbelievable_usage(plan: PlannedPrompt, ex: Exchange) -> str | None:
@@ -158,19 +191,6 @@ def unbelievable_usage(plan: PlannedPrompt, ex: Exchange) -> str | None:
 
 def _doubted(doubt: str) -> str:
     return f"the engine's usage report cannot be believed: {doubt}"
-
-
-def cross_tenant_markers(
-    foreign: Sequence[ForeignMarker], tenant: str | None
-) -> list[ForeignMarker]:
-    """The foreign markers issued under a tenant other than ``tenant``.
-
-    Both sides must be named tenants: a marker of kvwatch's own identity (the endpoint's
-    ``api_key``), or one seen by it, is a cross-request leak but names no customer.
-    """
-    if tenant is None:
-        return []
-    return [f for f in foreign if f.tenant is not None and f.tenant != tenant]
 
 
 def _judge_over(
@@ -248,6 +268,7 @@ def _judge_cut(plan: PlannedPrompt, ex: Exchange, verdict: _Make, window: int) -
 def _judge_recall(
     plan: PlannedPrompt,
     ex: Exchange,
+    scan: AnswerScan,
     found: bool,
     drift: int | None,
     verdict: _Make,
@@ -293,7 +314,7 @@ def _judge_recall(
             what = "not every marker" if len(plan.placements) > 1 else "marker not"
             return verdict(V.CANARY_INEFFECTIVE, f"{what} recalled even from a short prompt")
         if len(plan.placements) > 1:
-            recalled = sum(1 for m in plan.markers if markers.contains_marker(ex.answer, m))
+            recalled = sum(1 for m in plan.markers if scan.recalled(m))
             return verdict(
                 V.MARKER_MISSING,
                 f"200 but the answer lacks {len(plan.markers) - recalled} of "

@@ -9,14 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from pydantic import SecretStr
 
 from kvwatch.canary.model import ProbeKind
-
-if TYPE_CHECKING:
-    from kvwatch.config.model import Defaults, Endpoint
+from kvwatch.config.sections import Defaults, Endpoint
 
 T = TypeVar("T")
 
@@ -63,7 +61,7 @@ class EndpointSpec:
     labels: Mapping[str, str]
     # Search the served window after a window failure (kvwatch.served_window).
     served_window: bool = True
-    # Under and edge probes rotate through these (kvwatch.runner.tenant_for_slot); empty:
+    # Under and edge probes rotate through these (kvwatch.probe.model.tenant_for_slot); empty:
     # every probe uses ``api_key``.
     tenants: tuple[TenantSpec, ...] = ()
 

@@ -15,10 +15,10 @@ import httpx
 
 from kvwatch.canary.model import TransportError
 from kvwatch.engines.base import ProgressCallback
+from kvwatch.limits import EXCHANGE_ERROR_CHARS
 
 MiB = 1024 * 1024
 DEFAULT_BODY_LIMIT = 4 * MiB
-ERROR_BODY_CHARS = 4096  # what an Exchange keeps of an engine's error body
 DETAIL_CHARS = 300  # one line of error detail
 # Largest piece one inflate step may produce. httpx's own decoders inflate a whole network
 # read at once: 64 KB of gzip can hold 64 MB, so a small bomb would blow past any body cap
@@ -142,7 +142,7 @@ async def read_prefix(response: httpx.Response, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def bounded_text(data: bytes | str, limit: int = ERROR_BODY_CHARS) -> str:
+def bounded_text(data: bytes | str, limit: int = EXCHANGE_ERROR_CHARS) -> str:
     text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
     if len(text) <= limit:
         return text

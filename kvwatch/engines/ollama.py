@@ -31,7 +31,7 @@ import httpx
 from kvwatch.canary.model import Exchange, Message, Rejection
 from kvwatch.canary.sizing import AcceptanceRule
 from kvwatch.engines.base import Discovery
-from kvwatch.engines.http import ERROR_BODY_CHARS, bounded_text, one_line
+from kvwatch.engines.http import bounded_text, one_line
 from kvwatch.engines.openai import (
     ANSWER_CHARS,
     Completion,
@@ -42,6 +42,7 @@ from kvwatch.engines.openai import (
     token_count,
 )
 from kvwatch.engines.rejections import error_message, is_context_length_payload
+from kvwatch.limits import EXCHANGE_ERROR_CHARS
 
 
 def parse_ollama_chat(payload: Any) -> Completion:
@@ -137,7 +138,7 @@ class NDJSONReader:
         if payload.get("error"):
             ex.stream_error_frame = True
             ex.body_parsed = False
-            ex.error_body = ex.error_body or bounded_text(line, ERROR_BODY_CHARS)
+            ex.error_body = ex.error_body or bounded_text(line, EXCHANGE_ERROR_CHARS)
             ex.rejection = (
                 Rejection.CONTEXT_LENGTH if is_context_length_payload(payload) else Rejection.OTHER
             )

@@ -22,7 +22,6 @@ from kvwatch.canary.sizing import AcceptanceRule
 from kvwatch.engines.base import Discovery, EngineAuthError, ProgressCallback
 from kvwatch.engines.http import (
     DEFAULT_BODY_LIMIT,
-    ERROR_BODY_CHARS,
     BodyTooLarge,
     Stopwatch,
     bounded_text,
@@ -40,6 +39,7 @@ from kvwatch.engines.rejections import (
     is_context_length_payload,
 )
 from kvwatch.engines.sse import SSEDecodeError, SSEParser
+from kvwatch.limits import EXCHANGE_ERROR_CHARS
 
 TokenizeShape = Literal["vllm", "llamacpp"]
 
@@ -290,7 +290,7 @@ class StreamReader:
         ex.body_parsed = False
         text = json.dumps(payload)
         if ex.error_body is None:
-            ex.error_body = bounded_text(text, ERROR_BODY_CHARS)
+            ex.error_body = bounded_text(text, EXCHANGE_ERROR_CHARS)
         ex.rejection = (
             Rejection.CONTEXT_LENGTH if is_context_length_payload(payload) else Rejection.OTHER
         )
@@ -435,7 +435,7 @@ class OpenAIEngine:
             if not response.is_success:
                 raw = await read_prefix(response, min(self.body_limit_bytes, 64 * 1024))
                 clock.mark_first_byte()
-                exchange.error_body = bounded_text(raw, ERROR_BODY_CHARS)
+                exchange.error_body = bounded_text(raw, EXCHANGE_ERROR_CHARS)
                 exchange.rejection = classify_rejection(response.status_code, raw)
                 summary = self._error_summary(raw)
                 if response.is_redirect:
@@ -483,7 +483,7 @@ class OpenAIEngine:
             payload = json.loads(raw)
         except ValueError:
             exchange.body_parsed = False
-            exchange.error_body = bounded_text(raw, ERROR_BODY_CHARS)
+            exchange.error_body = bounded_text(raw, EXCHANGE_ERROR_CHARS)
             exchange.error_detail = one_line(
                 f"2xx body is not JSON ({len(raw)} bytes): {raw[:120].decode('utf-8', 'replace')}"
             )
@@ -497,7 +497,7 @@ class OpenAIEngine:
             exchange.body_parsed = False
             exchange.error_detail = parsed.problem
             if parsed.error_payload is not None:
-                exchange.error_body = bounded_text(raw, ERROR_BODY_CHARS)
+                exchange.error_body = bounded_text(raw, EXCHANGE_ERROR_CHARS)
                 exchange.rejection = (
                     Rejection.CONTEXT_LENGTH
                     if is_context_length_payload(parsed.error_payload)

@@ -27,7 +27,7 @@ import httpx
 from kvwatch.canary.model import Exchange, Message, Rejection
 from kvwatch.canary.sizing import AcceptanceRule
 from kvwatch.engines.base import Discovery
-from kvwatch.engines.http import ERROR_BODY_CHARS, bounded_text, one_line
+from kvwatch.engines.http import bounded_text, one_line
 from kvwatch.engines.openai import (
     ANSWER_CHARS,
     Completion,
@@ -41,6 +41,7 @@ from kvwatch.engines.openai import (
 )
 from kvwatch.engines.rejections import error_message, is_context_length_payload
 from kvwatch.engines.sse import EventStreamReader, SSEEvent
+from kvwatch.limits import EXCHANGE_ERROR_CHARS
 
 
 class TGIEngine(OpenAIEngine):
@@ -148,7 +149,7 @@ class TGIStreamReader(EventStreamReader):
         if name == "error" or payload.get("error"):
             ex.stream_error_frame = True
             ex.body_parsed = False
-            ex.error_body = ex.error_body or bounded_text(data, ERROR_BODY_CHARS)
+            ex.error_body = ex.error_body or bounded_text(data, EXCHANGE_ERROR_CHARS)
             ex.rejection = (
                 Rejection.CONTEXT_LENGTH if is_context_length_payload(payload) else Rejection.OTHER
             )

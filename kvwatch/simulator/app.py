@@ -18,8 +18,6 @@ chunk objects with ``stream_options.include_usage`` (a last chunk with empty ``c
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -31,117 +29,28 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from kvwatch.canary.model import Message
-from kvwatch.simulator import errors
+from kvwatch.simulator import errors, native
 from kvwatch.simulator.model import (
     Answer,
     ChatRequest,
-    EndpointState,
     Reject,
     Simulation,
     StreamFailure,
     render_chat,
 )
+from kvwatch.simulator.requests import (
+    _authorised,
+    _BadRequest,
+    _endpoint,
+    _error,
+    _json_object,
+    _max_tokens,
+    _messages,
+    _sse,
+    _usage,
+    credential,
+)
 from kvwatch.simulator.spec import FaultMode, Flavour
-
-
-class _BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-def _endpoint(request: Request) -> EndpointState:
-    sim: Simulation = request.app.state.simulation
-    name = request.path_params["name"]
-    state = sim.get(name)
-    if state is None:
-        raise HTTPException(404, f"no simulated endpoint named {name!r}")
-    return state
-
-
-def credential(state: EndpointState, request: Request) -> str | None:
-    """The key a request presents (None without one): who sent it."""
-    if state.spec.flavour is Flavour.ANTHROPIC:
-        # Anthropic authenticates with x-api-key, not a bearer token.
-        return request.headers.get("x-api-key")
-    given = request.headers.get("authorization", "")
-    scheme, _, token = given.partition(" ")
-    return token if scheme.lower() == "bearer" and token else None
-
-
-def _authorised(state: EndpointState, request: Request) -> bool:
-    keys = state.spec.keys
-    if not keys:
-        return True
-    given = (credential(state, request) or "").encode()
-    # Every key compared, in constant time each: which one matched must not show in timing.
-    return sum(hmac.compare_digest(given, key.encode()) for key in keys) > 0
-
-
-def _error(state: EndpointState, status: int, message: str, param: str | None = None) -> Response:
-    return JSONResponse(errors.error_body(state.spec.flavour, status, message, param=param), status)
-
-
-async def _json_object(request: Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.body())
-    except ValueError as exc:
-        raise _BadRequest(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise _BadRequest("request body must be a JSON object")
-    return body
-
-
-def _content_text(content: Any, index: int) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "text"):
-                raise _BadRequest(f"messages[{index}].content: only text parts are supported")
-            texts.append(str(part.get("text", "")))
-        return "".join(texts)
-    raise _BadRequest(f"messages[{index}].content must be a string or a list of parts")
-
-
-def _messages(raw: Any) -> tuple[Message, ...]:
-    if not isinstance(raw, list) or not raw:
-        raise _BadRequest("messages must be a non-empty list", "messages")
-    out = []
-    for i, item in enumerate(raw):
-        if not isinstance(item, dict) or not isinstance(item.get("role"), str):
-            raise _BadRequest(f"messages[{i}] must be an object with a string role", "messages")
-        out.append(Message(role=item["role"], content=_content_text(item.get("content"), i)))
-    return tuple(out)
-
-
-def _max_tokens(body: dict[str, Any]) -> int | None:
-    # vLLM reads max_completion_tokens first, then the deprecated max_tokens.
-    for key in ("max_completion_tokens", "max_tokens"):
-        value = body.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise _BadRequest(f"{key} must be a positive integer", key)
-        return value
-    return None
-
-
-def _usage(answer: Answer) -> dict[str, int]:
-    return {
-        "prompt_tokens": answer.prompt_tokens,
-        "completion_tokens": answer.completion_tokens,
-        "total_tokens": answer.prompt_tokens + answer.completion_tokens,
-    }
-
-
-def _sse(payload: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(payload)}\n\n".encode()
-
 
 _DONE = b"data: [DONE]\n\n"
 
@@ -377,9 +286,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def build_app(simulation: Simulation) -> Starlette:
-    # Imported here: the engine-specific routes reuse this module's request helpers.
-    from kvwatch.simulator import native
-
     app = Starlette(
         routes=[
             *native.routes(),

@@ -31,7 +31,14 @@ from starlette.routing import Route
 
 from kvwatch.canary.model import Message
 from kvwatch.simulator import errors
-from kvwatch.simulator.app import (
+from kvwatch.simulator.model import (
+    Answer,
+    ChatRequest,
+    EndpointState,
+    StreamFailure,
+    render_chat,
+)
+from kvwatch.simulator.requests import (
     _authorised,
     _BadRequest,
     _endpoint,
@@ -42,13 +49,6 @@ from kvwatch.simulator.app import (
     _sse,
     _usage,
     credential,
-)
-from kvwatch.simulator.model import (
-    Answer,
-    ChatRequest,
-    EndpointState,
-    StreamFailure,
-    render_chat,
 )
 from kvwatch.simulator.spec import Flavour
 

@@ -37,8 +37,9 @@ from kvwatch.canary.model import ProbeKind, ProbeState
 from kvwatch.store import rollups
 from kvwatch.store.errors import StoreError
 from kvwatch.store.models import Endpoint, Probe
+from kvwatch.store.probes import probe_row
 from kvwatch.store.records import AlertStateRecord, ProbeRow
-from kvwatch.store.repository import Store, _probe_row
+from kvwatch.store.repository import Store
 
 MAX_PAGE = 500
 
@@ -191,7 +192,7 @@ class HistoryQueries:
     def probe(self, probe_id: int) -> ProbeRow | None:
         with self._connect(f"could not read probe {probe_id}") as c:
             row = c.execute(select(Probe).where(Probe.id == probe_id)).first()
-            return None if row is None else _probe_row(row)  # type: ignore[arg-type]
+            return None if row is None else probe_row(row)  # type: ignore[arg-type]
 
     def confirmations_of(self, probe_id: int) -> list[ProbeBrief]:
         """Probes run to confirm ``probe_id`` (normally none or one)."""
@@ -225,7 +226,7 @@ class HistoryQueries:
             rows = c.execute(
                 query.order_by(Probe.started_at.desc(), Probe.id.desc()).limit(limit + 1)
             ).all()
-        probes = [_probe_row(r) for r in rows[:limit]]  # type: ignore[arg-type]
+        probes = [probe_row(r) for r in rows[:limit]]  # type: ignore[arg-type]
         more = len(rows) > limit
         return ProbePage(probes=probes, next_before_id=probes[-1].id if more else None)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from kvwatch.canary.counting import TokenCounter
 from kvwatch.engines.base import Engine
-from kvwatch.tokens.base import TokenCounter
 from kvwatch.tokens.local import HFTokenizerCounter, TiktokenCounter
 from kvwatch.tokens.server import PieceCache, ServerTokenCounter
 from kvwatch.tokens.usage import UsageCalibratedCounter

@@ -12,11 +12,11 @@ import secrets
 from dataclasses import dataclass
 
 from kvwatch.canary import markers
+from kvwatch.canary.counting import TokenCounter
 from kvwatch.canary.model import Exchange, ProbeKind, Rejection
 from kvwatch.canary.planning import plan_prompt
 from kvwatch.engines.base import Engine
 from kvwatch.engines.limits import stated_prompt_tokens
-from kvwatch.tokens.base import TokenCounter
 
 # Size of the request, in estimated tokens (at most half the window): large enough that the
 # canary's fixed text is a small part of it, small enough to cost next to nothing beside a

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_EXCERPT_CHARS = 500
+from kvwatch.limits import ANSWER_EXCERPT_CHARS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,7 +25,7 @@ class WebSettings:
     basic_auth: tuple[str, str] | None = None  # (user, password)
     protect_metrics: bool = False
     answer_excerpts: bool = True
-    excerpt_chars: int = DEFAULT_EXCERPT_CHARS
+    excerpt_chars: int = ANSWER_EXCERPT_CHARS
     external_url: str | None = None  # as alerts' generatorURL uses it; for absolute links
 
     def __post_init__(self) -> None:

@@ -11,7 +11,7 @@ from pydantic import SecretStr
 from kvwatch.canary.model import ProbeKind
 from kvwatch.config import TenantSpec, parse_config
 from kvwatch.metrics import ProbeMetrics
-from kvwatch.runner import Target, tenant_for_slot
+from kvwatch.probe.model import Target, tenant_for_slot
 
 ACME = TenantSpec("acme", SecretStr("sk-a"))
 GLOBEX = TenantSpec("globex", SecretStr("sk-b"))

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from kvwatch.canary.model import DepthOutcome, DepthResult, ProbeKind, Verdict
 from kvwatch.cli import format_table, report_json
-from kvwatch.runner import ProbeReport
+from kvwatch.probe.model import ProbeReport
 
 DEPTHS = (
     DepthResult(0.0, "KVW-1111-1111-1111", DepthOutcome.MISSING),

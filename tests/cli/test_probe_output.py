@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from kvwatch.canary.model import ForeignMarker, ProbeKind, Verdict
 from kvwatch.cli import format_table, gate_passes, report_json
-from kvwatch.runner import ProbeReport
+from kvwatch.probe.model import ProbeReport
 
 AT = datetime(2026, 12, 3, 5, 0, tzinfo=UTC)
 

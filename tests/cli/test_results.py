@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvwatch.cli import main
-from kvwatch.store import Store
+from tests.helpers.store import Store
 from tests.web import conftest as web
 
 LEAKED = web.LEAKED

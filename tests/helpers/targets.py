@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry
 from kvwatch.config import Config, parse_config
 from kvwatch.daemon import build_targets
 from kvwatch.metrics import ProbeMetrics
-from kvwatch.runner import ProbeRunner, Target
+from kvwatch.probe.model import Target
+from kvwatch.probe.runner import ProbeRunner
 from kvwatch.store.repository import Store
 
 

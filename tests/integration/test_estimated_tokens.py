@@ -18,7 +18,8 @@ import pytest
 from kvwatch.alerting.evaluator import AlertEvaluator
 from kvwatch.alerting.policy import default_policy
 from kvwatch.canary.model import SEVERITY, ProbeKind, Severity, Verdict
-from kvwatch.runner import ProbeReport, ProbeRunner, Target
+from kvwatch.probe.model import ProbeReport, Target
+from kvwatch.probe.runner import ProbeRunner
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.repository import Store

@@ -112,7 +112,7 @@ async def test_a_critical_verdict_is_confirmed_by_a_second_stored_probe(rig):
     """run_checked re-checks a critical failure at once; both probes are stored and linked."""
     _sim, targets, runner, store = rig
     target = targets["over-ok"]
-    target.spec = dataclasses.replace(target.spec, confirm=True)
+    target = dataclasses.replace(target, spec=dataclasses.replace(target.spec, confirm=True))
     reports = await runner.run_checked(target, OVER)
     assert [r.verdict for r in reports] == [Verdict.OVER_ACCEPTED, Verdict.OVER_ACCEPTED]
     assert reports[1].confirms_probe_id == reports[0].probe_id
@@ -124,7 +124,7 @@ async def test_a_passing_probe_is_not_confirmed(rig):
     """Only critical verdicts trigger a confirmation probe."""
     _sim, targets, runner, _store = rig
     target = targets["healthy"]
-    target.spec = dataclasses.replace(target.spec, confirm=True)
+    target = dataclasses.replace(target, spec=dataclasses.replace(target.spec, confirm=True))
     assert len(await runner.run_checked(target, OVER)) == 1
 
 

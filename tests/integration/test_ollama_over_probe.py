@@ -8,6 +8,7 @@ window as Ollama's runner does. No Alertmanager is needed: the alert states are 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -36,7 +37,7 @@ async def ollama(
         built = await build(config)
         # Ollama has no tokenize endpoint: count locally with the simulator's tokenizer, as
         # a configured hf: tokenizer does on a real deployment.
-        built.targets[0].counter = counter or SimCounter()
+        built.targets[0] = dataclasses.replace(built.targets[0], counter=counter or SimCounter())
         try:
             yield sim, built
         finally:

@@ -22,7 +22,8 @@ from kvwatch.canary.planning import PlanningError, plan_prompt
 from kvwatch.canary.served import probe_budget
 from kvwatch.daemon import build
 from kvwatch.demo import demo_config
-from kvwatch.runner import ProbeReport, ProbeRunner, Target
+from kvwatch.probe.model import ProbeReport, Target
+from kvwatch.probe.runner import ProbeRunner
 from kvwatch.simulator.fleet import demo_fleet
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
@@ -152,7 +153,7 @@ async def test_a_placeholder_swap_before_any_baseline_passed_is_exact_at_the_rep
     not: verified by two probes, to the token, with no error step."""
     _sim, targets, runner = rig
     target = targets["stale-pool"]
-    target.discovery = await target.engine.discover()  # what the capacity check keeps
+    target.state.discovery = await target.engine.discover()  # what the capacity check keeps
     reports = await runner.run_checked(target, UNDER)
     steps = [r for r in reports if r.kind is BISECT]
     assert [(r.planned_prompt_tokens, r.verdict is Verdict.PASS) for r in steps] == [
@@ -181,10 +182,10 @@ async def test_a_step_kvwatch_cannot_plan_is_logged_with_its_size_and_the_search
             )
         return await plan_prompt(kind, **kw)
 
-    monkeypatch.setattr("kvwatch.runner.plan_prompt", template_with_a_long_system_prompt)
+    monkeypatch.setattr("kvwatch.probe.prompted.plan_prompt", template_with_a_long_system_prompt)
     _sim, targets, runner = rig
     target = targets["stale-pool"]
-    target.discovery = await target.engine.discover()
+    target.state.discovery = await target.engine.discover()
     with capture_logs() as logs:
         reports = await runner.run_checked(target, UNDER)
     steps = [r for r in reports if r.kind is BISECT]

@@ -15,7 +15,8 @@ import pytest
 from sqlalchemy import event, text
 
 from kvwatch.canary.model import ProbeKind, ProbeState, Verdict
-from kvwatch.runner import ProbeRunner, Target
+from kvwatch.probe.model import Target
+from kvwatch.probe.runner import ProbeRunner
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.errors import StoreUnavailable

@@ -9,7 +9,8 @@ from typing import Any
 
 import httpx
 
-from kvwatch.runner import ProbeRunner, Target
+from kvwatch.probe.model import Target
+from kvwatch.probe.runner import ProbeRunner
 from kvwatch.store.repository import Store
 from tests.helpers.targets import config_for, targets_and_runner
 

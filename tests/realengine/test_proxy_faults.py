@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from kvwatch.canary.model import ProbeKind, Verdict
-from kvwatch.runner import ProbeReport, Target
+from kvwatch.probe.model import ProbeReport, Target
 from kvwatch.simulator.proxy import run_proxy
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.repository import Store

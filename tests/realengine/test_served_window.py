@@ -15,7 +15,7 @@ import pytest
 
 from kvwatch.canary.model import ProbeKind, Verdict
 from kvwatch.canary.served import probe_budget
-from kvwatch.served_window import WINDOW_FAILURES
+from kvwatch.probe.chain import WINDOW_FAILURES
 from kvwatch.simulator.proxy import run_proxy
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.repository import Store

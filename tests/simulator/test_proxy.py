@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from kvwatch.canary.model import ProbeKind, Verdict
-from kvwatch.runner import ProbeRunner, Target
+from kvwatch.probe.model import Target
+from kvwatch.probe.runner import ProbeRunner
 from kvwatch.simulator.command import serve, simulate
 from kvwatch.simulator.proxy import PROXY_FAULTS, RunningProxy, run_proxy
 from kvwatch.simulator.server import RunningSimulator, run_simulator

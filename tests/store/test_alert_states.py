@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from kvwatch.canary.model import ProbeState
-from kvwatch.store import AlertStateRecord, NewProbe, ProbeOutcome, Store, StoreError
+from kvwatch.store import AlertStateRecord, NewProbe, ProbeOutcome, StoreError
+from tests.helpers.store import Store
 
 NewProbeFactory = Callable[..., NewProbe]
 OutcomeFactory = Callable[..., ProbeOutcome]

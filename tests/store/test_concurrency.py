@@ -6,7 +6,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
-from kvwatch.store import NewProbe, ProbeOutcome, Store
+from kvwatch.store import NewProbe, ProbeOutcome
+from tests.helpers.store import Store
 
 NewProbeFactory = Callable[..., NewProbe]
 OutcomeFactory = Callable[..., ProbeOutcome]

@@ -11,10 +11,10 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from kvwatch.canary.model import ProbeState
-from kvwatch.store import Store
 from kvwatch.store.errors import StoreError, StoreUnavailable
 from kvwatch.store.repository import WriteOp
 from kvwatch.store.writer import GroupWriter
+from tests.helpers.store import Store
 from tests.store.conftest import NewProbeFactory, outcome
 
 

@@ -6,10 +6,11 @@ from sqlalchemy import MetaData, inspect, select
 
 from kvwatch.canary.markers import canonical, new_marker
 from kvwatch.canary.model import DepthOutcome, DepthResult, Placement
-from kvwatch.store import Store, create_engine_for
+from kvwatch.store import create_engine_for
 from kvwatch.store.migrate import downgrade_engine, upgrade_engine
 from kvwatch.store.models import Marker
 from kvwatch.store.records import DepthEvidence
+from tests.helpers.store import Store
 from tests.store.conftest import NewProbeFactory, insert_old_rows, outcome
 
 

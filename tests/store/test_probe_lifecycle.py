@@ -9,7 +9,8 @@ import pytest
 
 from kvwatch.canary.markers import canonical
 from kvwatch.canary.model import ForeignMarker, ProbeState
-from kvwatch.store import NewProbe, ProbeOutcome, Store, StoreError
+from kvwatch.store import NewProbe, ProbeOutcome, StoreError
+from tests.helpers.store import Store
 
 NewProbeFactory = Callable[..., NewProbe]
 OutcomeFactory = Callable[..., ProbeOutcome]

@@ -6,7 +6,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from kvwatch.canary.markers import canonical
-from kvwatch.store import AlertStateRecord, NewProbe, ProbeOutcome, Store
+from kvwatch.store import AlertStateRecord, NewProbe, ProbeOutcome
+from tests.helpers.store import Store
 
 NewProbeFactory = Callable[..., NewProbe]
 OutcomeFactory = Callable[..., ProbeOutcome]

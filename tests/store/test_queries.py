@@ -8,9 +8,10 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from kvwatch.store import NewProbe, ProbeOutcome, Store
+from kvwatch.store import NewProbe, ProbeOutcome
 from kvwatch.store.models import Endpoint
 from kvwatch.store.queries import HistoryQueries
+from tests.helpers.store import Store
 
 NewProbeFactory = Callable[..., NewProbe]
 OutcomeFactory = Callable[..., ProbeOutcome]

@@ -10,10 +10,11 @@ import pytest
 from sqlalchemy import Engine, MetaData, insert, inspect, text
 
 from kvwatch.canary.model import ProbeState
-from kvwatch.store import AlertStateRecord, NewProbe, ProbeOutcome, Store
+from kvwatch.store import AlertStateRecord, NewProbe, ProbeOutcome
 from kvwatch.store.engine import create_engine_for
 from kvwatch.store.migrate import downgrade_engine, upgrade_engine
 from kvwatch.store.queries import HistoryQueries, ProbeFilter
+from tests.helpers.store import Store
 from tests.store.conftest import insert_old_rows
 
 NewProbeFactory = Callable[..., NewProbe]

@@ -9,11 +9,12 @@ from typing import Any
 
 from sqlalchemy import select
 
-from kvwatch.store import NewProbe, ProbeOutcome, Store
+from kvwatch.store import NewProbe, ProbeOutcome
 from kvwatch.store.migrate import downgrade_engine, upgrade_engine
 from kvwatch.store.models import ProbeRollup
 from kvwatch.store.queries import HistoryQueries
 from kvwatch.store.rollups import rebuild
+from tests.helpers.store import Store
 
 NewProbeFactory = Callable[..., NewProbe]
 OutcomeFactory = Callable[..., ProbeOutcome]

@@ -9,10 +9,11 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import MetaData, insert, text
 
 from kvwatch.canary.markers import canonical
-from kvwatch.store import NewProbe, ProbeOutcome, Store
+from kvwatch.store import NewProbe, ProbeOutcome
 from kvwatch.store.engine import create_engine_for
 from kvwatch.store.migrate import upgrade_engine
 from kvwatch.store.records import ServedWindowRecord
+from tests.helpers.store import Store
 from tests.store.conftest import insert_old_rows
 
 NewProbeFactory = Callable[..., NewProbe]

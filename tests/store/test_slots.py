@@ -8,7 +8,7 @@ from kvwatch.canary.model import ProbeState
 from kvwatch.store.engine import create_engine_for
 from kvwatch.store.migrate import upgrade_engine
 from kvwatch.store.records import NewProbe
-from kvwatch.store.repository import Store
+from tests.helpers.store import Store
 
 
 class Clock:

@@ -8,10 +8,11 @@ from datetime import timedelta
 from sqlalchemy import inspect, text
 
 from kvwatch.canary.model import ForeignMarker
-from kvwatch.store import ProbeOutcome, Store
+from kvwatch.store import ProbeOutcome
 from kvwatch.store.migrate import downgrade_engine, upgrade_engine
 from kvwatch.store.queries import HistoryQueries, ProbeFilter
 from kvwatch.store.records import foreign_marker_from_json, foreign_marker_to_json
+from tests.helpers.store import Store
 from tests.store.test_regions import T0, probe_on
 
 ACME_MARKER = "KVW-AAAA-BBBB-CCCC"

@@ -12,9 +12,10 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from kvwatch.canary.model import ForeignMarker
-from kvwatch.store import AlertStateRecord, NewProbe, ProbeOutcome, Store
+from kvwatch.store import AlertStateRecord, NewProbe, ProbeOutcome
 from kvwatch.web.app import WebContext, create_app
 from kvwatch.web.settings import WebSettings
+from tests.helpers.store import Store
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 NOW = T0 + timedelta(hours=1)

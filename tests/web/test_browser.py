@@ -22,9 +22,9 @@ from kvwatch.canary.model import ProbeKind, Verdict
 from kvwatch.simulator.fleet import demo_fleet
 from kvwatch.simulator.server import run_simulator
 from kvwatch.store import NewProbe, ProbeOutcome
-from kvwatch.store.repository import Store
 from kvwatch.web.app import WebContext, create_app
 from kvwatch.web.server import embedded_server
+from tests.helpers.store import Store
 from tests.helpers.targets import config_for, sim_endpoint_entry, targets_and_runner
 
 CHROMIUM = "/usr/bin/chromium"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from kvwatch.store import Store
+from tests.helpers.store import Store
 from tests.web.conftest import AppFactory, _outcome, _probe
 
 

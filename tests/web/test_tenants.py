@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from kvwatch.canary.model import ForeignMarker
-from kvwatch.store import Store
+from tests.helpers.store import Store
 from tests.web.conftest import T0, AppFactory, _outcome, _probe
 
 ACME_MARKER = "KVW-ACAC-ACAC-ACAC"

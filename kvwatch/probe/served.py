@@ -1,10 +1,11 @@
-"""Measuring the true served window after a window failure (issue 12), with bisect probes.
+"""Measuring the true served window after a window failure, with bisect probes.
 
-The runner hands every finished under/edge chain to :class:`ServedWindowTracker`. After a
-confirmed window failure it runs the search of :mod:`kvwatch.canary.served` with ``bisect``
-probes (stored, linked to their trigger, never paging) and records the result; when an under
-probe passes again it records that the advertised window is served again. In between it does
-nothing: one search per failure streak, however many cycles the streak lasts.
+The runner hands every finished chain to :class:`ServedWindowTracker`. After a confirmed
+window failure (:func:`kvwatch.probe.chain.starts_search`) it runs the search of
+:mod:`kvwatch.canary.served`, one bisect step at a time through the callable it is given
+(each step stored, linked to its trigger, never paging), and records the result; when an
+under probe passes again it records that the advertised window is served again. In between
+it does nothing: one search per failure streak, however many cycles the streak lasts.
 
 The streak is read from the store (the endpoint's latest ``served_windows`` row), so a
 restart in the middle of an incident does not search again, and several replicas sharing a
@@ -14,41 +15,25 @@ database see one another's result.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
 from kvwatch.canary import served
-from kvwatch.canary.model import SEVERITY, ProbeKind, Severity, Verdict
+from kvwatch.canary.model import ProbeKind, Verdict
 from kvwatch.canary.planning import smallest_canary
 from kvwatch.capacity import edge_pool
 from kvwatch.engines.limits import stated_limit
+from kvwatch.probe.chain import Link, starts_search
+from kvwatch.probe.model import ProbeReport, Target
 from kvwatch.store.errors import StoreError
 from kvwatch.store.records import ServedWindowRecord
 from kvwatch.store.repository import Store
 
-if TYPE_CHECKING:
-    from kvwatch.runner import ProbeReport, Target
-
 log = structlog.get_logger("kvwatch.served_window")
 
-# Verdicts that say the window is not served whole. Errors, throttling and credentials say
-# nothing about the window; a model that cannot recall at all is the baseline's business.
-WINDOW_FAILURES = frozenset(
-    {
-        Verdict.TRUNCATED,
-        Verdict.UNDER_REJECTED,
-        Verdict.MARKER_MISSING,
-        Verdict.FOREIGN_MARKER,
-        # Stale pages served across tenants: the same broken window, seen by a customer.
-        Verdict.CROSS_TENANT_LEAK,
-        Verdict.STREAM_ERROR,
-        Verdict.WRONG_REJECTION,  # edge: a 5xx just over the KV pool
-    }
-)
 # A step sent to the engine that ends in one of these proves nothing either way (the engine
 # or the way to it failed): the search stops without a result, and the next failure of the
 # streak tries again. A step that could not even be planned is another matter: see search.
@@ -57,15 +42,9 @@ _NO_EVIDENCE = frozenset({Verdict.ERROR, Verdict.AUTH_ERROR, Verdict.THROTTLED})
 _PASSING_KINDS = ("baseline",)
 
 
-class BisectRunner(Protocol):
-    async def run(
-        self,
-        target: Target,
-        kind: ProbeKind,
-        *,
-        size: int | None = None,
-        trigger: int | None = None,
-    ) -> ProbeReport: ...
+# Runs one bisect step: a probe of ``size`` prompt tokens searching for the failure of the
+# probe ``trigger``; returns its report (stored, never paging).
+BisectStep = Callable[[int, int | None], Awaitable[ProbeReport]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,21 +76,13 @@ def hint_of(report: ProbeReport, target: Target) -> int | None:
 
 
 def is_trigger(reports: Sequence[ProbeReport], kind: ProbeKind, confirm: bool) -> bool:
-    """Whether a chain of ``kind`` probes ended in a confirmed window failure.
-
-    A critical verdict is confirmed by its confirmation probe (when confirmation is on); a
-    warning stands on its own (a context-length rejection is deterministic).
-    """
+    """Whether a chain of ``kind`` probes ended in a confirmed window failure."""
     own = [r for r in reports if r.kind is kind]
-    if kind not in (ProbeKind.UNDER, ProbeKind.EDGE) or not own:
+    if not own:
         return False
     last = own[-1]
-    if last.verdict not in WINDOW_FAILURES or last.planned_prompt_tokens is None:
-        return False
-    if kind is ProbeKind.UNDER and last.verdict is Verdict.WRONG_REJECTION:
-        return False
-    critical = SEVERITY[last.verdict] is Severity.CRITICAL
-    return not (critical and confirm and last.confirms_probe_id is None)
+    link = Link(last.kind, last.verdict, confirming=last.confirms_probe_id is not None)
+    return starts_search(link, confirm=confirm, planned=last.planned_prompt_tokens is not None)
 
 
 @dataclass
@@ -121,7 +92,7 @@ class ServedWindowTracker:
 
     async def after(
         self,
-        runner: BisectRunner,
+        step: BisectStep,
         target: Target,
         kind: ProbeKind,
         reports: Sequence[ProbeReport],
@@ -147,7 +118,7 @@ class ServedWindowTracker:
             log.warning("served_window_skipped", endpoint=spec.name, error=str(exc))
             return []
         try:
-            measurement = await self.search(runner, target, last)
+            measurement = await self.search(step, target, last)
         except StoreError as exc:
             # Without the last passing size there is no floor to search from; the next
             # failure of the streak tries again.
@@ -160,12 +131,10 @@ class ServedWindowTracker:
             await asyncio.to_thread(self.store.record_served_window, measurement.record)
         except StoreError as exc:
             log.warning("served_window_not_stored", endpoint=spec.name, error=str(exc))
-        target.served = measurement.record
+        target.state.served = measurement.record
         return list(measurement.steps)
 
-    async def search(
-        self, runner: BisectRunner, target: Target, trigger: ProbeReport
-    ) -> Measurement:
+    async def search(self, step: BisectStep, target: Target, trigger: ProbeReport) -> Measurement:
         """Bisect probes until the search of :mod:`kvwatch.canary.served` is done.
 
         A step the engine answered with no evidence (transport failure, 5xx, throttling)
@@ -175,61 +144,27 @@ class ServedWindowTracker:
         the other steps proved)."""
         spec = target.spec
         window = target.window
-        failed = trigger.planned_prompt_tokens
-        assert window is not None and failed is not None
-        low = await asyncio.to_thread(
-            self.store.last_passing_size, spec.name, _PASSING_KINDS, failed
-        )
-        # The engine's own word first (the trigger's signal), then its KV pool: the size the
-        # incident class serves in practice. Both are verified like any other hint.
-        pool = edge_pool(spec.kv_pool_tokens, target.discovery) if target.discovery else None
-        pool = pool if pool is not None else spec.kv_pool_tokens
-        # Several depths put one marker at each: more fixed text, a larger smallest canary.
-        markers = len(spec.marker_depths) if len(spec.marker_depths) > 1 else 1
-        state = served.start(
-            served=low or 0,
-            unserved=failed,
-            window=window,
-            hints=(hint_of(trigger, target), pool),
-            floor=smallest_canary(markers),
-        )
+        assert window is not None
+        state = await self._start(target, trigger)
         steps: list[ProbeReport] = []
         unplanned = 0
         while (size := served.next_size(state)) is not None:
-            report = await runner.run(target, ProbeKind.BISECT, size=size, trigger=trigger.probe_id)
+            report = await step(size, trigger.probe_id)
             steps.append(report)
             if report.planned_prompt_tokens is None:
                 unplanned += 1
-                log.warning(
-                    "served_window_planning_error",
-                    endpoint=spec.name,
-                    trigger_probe_id=trigger.probe_id,
-                    probe_id=report.probe_id,
-                    size=size,
-                    verdict=report.verdict.value,
-                    reason=report.reason,
-                )
+                _log_step("served_window_planning_error", spec.name, trigger, report, size)
                 state = served.unplannable(state, size)
                 continue
             if report.verdict in _NO_EVIDENCE:
-                log.warning(
-                    "served_window_aborted",
-                    endpoint=spec.name,
-                    trigger_probe_id=trigger.probe_id,
-                    probe_id=report.probe_id,
-                    size=size,
-                    verdict=report.verdict.value,
-                    reason=report.reason,
-                )
+                _log_step("served_window_aborted", spec.name, trigger, report, size)
                 return Measurement(None, tuple(steps))
-            state = served.observe(
-                state,
-                served.Observation(
-                    size=report.planned_prompt_tokens,
-                    whole=report.verdict is Verdict.PASS,
-                    hint=hint_of(report, target),
-                ),
+            observed = served.Observation(
+                size=report.planned_prompt_tokens,
+                whole=report.verdict is Verdict.PASS,
+                hint=hint_of(report, target),
             )
+            state = served.observe(state, observed)
         record = ServedWindowRecord(
             endpoint=spec.name,
             measured_at=self.clock(),
@@ -257,9 +192,32 @@ class ServedWindowTracker:
         )
         return Measurement(record, tuple(steps))
 
+    async def _start(self, target: Target, trigger: ProbeReport) -> served.ServedSearch:
+        """The search between the last size a baseline proved served and the trigger's."""
+        spec = target.spec
+        window = target.window
+        failed = trigger.planned_prompt_tokens
+        assert window is not None and failed is not None
+        low = await asyncio.to_thread(
+            self.store.last_passing_size, spec.name, _PASSING_KINDS, failed
+        )
+        # The engine's own word first (the trigger's signal), then its KV pool: the size the
+        # incident class serves in practice. Both are verified like any other hint.
+        pool = edge_pool(spec.kv_pool_tokens, target.discovery) if target.discovery else None
+        pool = pool if pool is not None else spec.kv_pool_tokens
+        # Several depths put one marker at each: more fixed text, a larger smallest canary.
+        markers = len(spec.marker_depths) if len(spec.marker_depths) > 1 else 1
+        return served.start(
+            served=low or 0,
+            unserved=failed,
+            window=window,
+            hints=(hint_of(trigger, target), pool),
+            floor=smallest_canary(markers),
+        )
+
     async def _current(self, target: Target) -> ServedWindowRecord | None:
         found = await asyncio.to_thread(self.store.served_windows, target.spec.name)
-        target.served = found.get(target.spec.name)
+        target.state.served = found.get(target.spec.name)
         return target.served
 
     async def _recovered(self, target: Target, passed: ProbeReport) -> None:
@@ -282,7 +240,7 @@ class ServedWindowTracker:
             probe_id=passed.probe_id,
         )
         await asyncio.to_thread(self.store.record_served_window, record)
-        target.served = record
+        target.state.served = record
         log.info(
             "served_window",
             endpoint=target.spec.name,
@@ -292,19 +250,15 @@ class ServedWindowTracker:
         )
 
 
-def describe(record: ServedWindowRecord) -> str:
-    """One sentence for alert descriptions and the CLI."""
-    if not record.measured:
-        return f"Served window: the advertised {record.advertised_tokens:,} tokens (again)."
-    precision = (
-        "to the token"
-        if record.exact
-        else f"fails at {record.unserved_tokens:,}"
-        if record.unserved_tokens
-        else "lower bound"
-    )
-    return (
-        f"Served window: advertised {record.advertised_tokens:,} · served "
-        f"{record.served_tokens:,} (largest prompt served whole, {precision}; "
-        f"{record.probes} bisect probes)."
+def _log_step(
+    event: str, endpoint: str, trigger: ProbeReport, report: ProbeReport, size: int
+) -> None:
+    log.warning(
+        event,
+        endpoint=endpoint,
+        trigger_probe_id=trigger.probe_id,
+        probe_id=report.probe_id,
+        size=size,
+        verdict=report.verdict.value,
+        reason=report.reason,
     )

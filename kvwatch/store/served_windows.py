@@ -1,0 +1,72 @@
+"""Served-window measurements, and the last size a probe proved served."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from sqlalchemy import (
+    func,
+    select,
+)
+
+from kvwatch.store.base import StoreBase
+from kvwatch.store.models import (
+    Probe,
+    ServedWindow,
+)
+from kvwatch.store.records import (
+    ServedWindowRecord,
+)
+
+
+class ServedWindows(StoreBase):
+    def record_served_window(self, record: ServedWindowRecord) -> None:
+        """Store one measurement of what an endpoint really serves."""
+        with self._errors("could not record a served window"), self._write() as s:
+            s.add(ServedWindow(**dataclasses.asdict(record)))
+
+    def served_windows(self, endpoint: str | None = None) -> dict[str, ServedWindowRecord]:
+        """The latest measurement of each endpoint (or of one), by endpoint name."""
+        latest = (
+            select(ServedWindow.endpoint, func.max(ServedWindow.id).label("id"))
+            .group_by(ServedWindow.endpoint)
+            .subquery()
+        )
+        query = select(ServedWindow).join(latest, ServedWindow.id == latest.c.id)
+        if endpoint is not None:
+            query = query.where(ServedWindow.endpoint == endpoint)
+        with self._errors("could not read served windows"), self._sessions() as s:
+            return {row.endpoint: _served_window(row) for row in s.scalars(query)}
+
+    def last_passing_size(self, endpoint: str, kinds: Sequence[str], below: int) -> int | None:
+        """Prompt tokens of the latest passing probe of ``kinds`` smaller than ``below``: the
+        size the served-window search may start from."""
+        query = (
+            select(Probe.planned_prompt_tokens)
+            .where(
+                Probe.endpoint == endpoint,
+                Probe.kind.in_(list(kinds)),
+                Probe.verdict == "pass",
+                Probe.planned_prompt_tokens < below,
+            )
+            .order_by(Probe.started_at.desc(), Probe.id.desc())
+            .limit(1)
+        )
+        with self._errors("could not read the last passing probe"), self._sessions() as s:
+            return s.scalar(query)
+
+
+def _served_window(row: ServedWindow) -> ServedWindowRecord:
+    return ServedWindowRecord(
+        endpoint=row.endpoint,
+        measured_at=row.measured_at,
+        source=row.source,
+        advertised_tokens=row.advertised_tokens,
+        served_tokens=row.served_tokens,
+        unserved_tokens=row.unserved_tokens,
+        exact=row.exact,
+        probes=row.probes,
+        prompt_tokens=row.prompt_tokens,
+        probe_id=row.probe_id,
+    )
