@@ -93,7 +93,10 @@ async def _measure(fault: FaultMode, limit: int, store: Store) -> tuple[Cost, Co
         tracker = ServedWindowTracker(store, runner.clock)
 
         before = _prefilled(sim, name)
-        found = (await tracker.search(runner, target, trigger)).record
+        async def bisect(size: int, trigger_id: int | None) -> ProbeReport:
+            return await runner.run(target, ProbeKind.BISECT, size=size, trigger=trigger_id)
+
+        found = (await tracker.search(bisect, target, trigger)).record
         assert found is not None
         ours = Cost(
             probes=found.probes,
