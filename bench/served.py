@@ -93,6 +93,7 @@ async def _measure(fault: FaultMode, limit: int, store: Store) -> tuple[Cost, Co
         tracker = ServedWindowTracker(store, runner.clock)
 
         before = _prefilled(sim, name)
+
         async def bisect(size: int, trigger_id: int | None) -> ProbeReport:
             return await runner.run(target, ProbeKind.BISECT, size=size, trigger=trigger_id)
 
