@@ -276,16 +276,7 @@ def _judge_recall(
 ) -> Judgement:
     status = ex.status or 0
     if 400 <= status < 500:
-        if plan.kind is ProbeKind.UNDER and ex.rejection is Rejection.CONTEXT_LENGTH:
-            missed = _missed_under(plan, ex)
-            if missed is not None:
-                return verdict(V.SIZING_MISS, missed)
-            return verdict(
-                V.UNDER_REJECTED,
-                f"{plan.planned_tokens}-token prompt rejected as too long (HTTP {status})"
-                + _counted(plan, ex),
-            )
-        return verdict(V.ERROR, _http(status, ex.error_detail, "request rejected"))
+        return _judge_rejected(plan, ex, verdict, status)
     if not 200 <= status < 300:
         return verdict(V.ERROR, _http(status, ex.error_detail, "server error"))
     if ex.stream_error_frame:
@@ -310,17 +301,7 @@ def _judge_recall(
             + _estimated(plan),
         )
     if not found:
-        if plan.kind is ProbeKind.BASELINE:
-            what = "not every marker" if len(plan.placements) > 1 else "marker not"
-            return verdict(V.CANARY_INEFFECTIVE, f"{what} recalled even from a short prompt")
-        if len(plan.placements) > 1:
-            recalled = sum(1 for m in plan.markers if scan.recalled(m))
-            return verdict(
-                V.MARKER_MISSING,
-                f"200 but the answer lacks {len(plan.markers) - recalled} of "
-                f"{len(plan.markers)} markers",
-            )
-        return verdict(V.MARKER_MISSING, "200 but the answer lacks the marker")
+        return _not_recalled(plan, scan, verdict)
     if drift > plan.tolerance:
         # More tokens than planned, and no more than the window holds, is a counting
         # problem, never an incident (DESIGN §3).
@@ -329,6 +310,35 @@ def _judge_recall(
             f"marker recalled; usage drift +{drift} tokens beyond tolerance: recalibrate",
         )
     return verdict(V.PASS, "marker recalled")
+
+
+def _judge_rejected(plan: PlannedPrompt, ex: Exchange, verdict: _Make, status: int) -> Judgement:
+    """A 4xx: an under probe refused as too long (or sized past the limit), else an error."""
+    if plan.kind is ProbeKind.UNDER and ex.rejection is Rejection.CONTEXT_LENGTH:
+        missed = _missed_under(plan, ex)
+        if missed is not None:
+            return verdict(V.SIZING_MISS, missed)
+        return verdict(
+            V.UNDER_REJECTED,
+            f"{plan.planned_tokens}-token prompt rejected as too long (HTTP {status})"
+            + _counted(plan, ex),
+        )
+    return verdict(V.ERROR, _http(status, ex.error_detail, "request rejected"))
+
+
+def _not_recalled(plan: PlannedPrompt, scan: AnswerScan, verdict: _Make) -> Judgement:
+    """A 2xx read whole by the count whose answer lacks a marker."""
+    if plan.kind is ProbeKind.BASELINE:
+        what = "not every marker" if len(plan.placements) > 1 else "marker not"
+        return verdict(V.CANARY_INEFFECTIVE, f"{what} recalled even from a short prompt")
+    if len(plan.placements) > 1:
+        recalled = sum(1 for m in plan.markers if scan.recalled(m))
+        return verdict(
+            V.MARKER_MISSING,
+            f"200 but the answer lacks {len(plan.markers) - recalled} of "
+            f"{len(plan.markers)} markers",
+        )
+    return verdict(V.MARKER_MISSING, "200 but the answer lacks the marker")
 
 
 def _counted_short(plan: PlannedPrompt, ex: Exchange, verdict: _Make) -> Judgement:

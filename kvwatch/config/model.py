@@ -1,8 +1,9 @@
 """The configuration file's schema (DESIGN §7), as strict pydantic models.
 
 Every model forbids unknown keys: a misspelt key is an error, never a silently ignored
-setting. Defaults live here, named once; :mod:`kvwatch.config.resolve` merges them into
-each endpoint.
+setting. This module is the whole file; the endpoint part (``defaults:``, ``endpoints:``) is in
+:mod:`kvwatch.config.sections`, and :mod:`kvwatch.config.resolve` merges its defaults into
+each endpoint. Defaults are named once, in the models.
 """
 
 from __future__ import annotations
