@@ -214,61 +214,110 @@ async def plan_prompt(
     and ``marker``/``depth`` must be the shallowest of them. ``window`` is the window the
     size was derived from, kept with the plan for judging the engine's count.
     """
-    ordered = tuple(sorted(placements, key=lambda p: p.depth))
-    layout: Layout | MultiLayout = Layout(marker, depth)
-    if len(ordered) > 1:
-        if (ordered[0].marker, ordered[0].depth) != (marker, depth):
-            raise ValueError("marker and depth must be the shallowest placement")
-        layout = MultiLayout(ordered)
-    else:
-        ordered = ()
-    side = side_for(kind)
-    vocab = filler.vocabulary()
-    costs = piece_costs(tuple(await counter.count_pieces(vocab)))
-    # The fixed text is counted with one filler piece in place, not with none: the text on
-    # either side of an empty filler can merge into tokens that never occur in a real prompt.
-    seed = costs.singles[0]
-    seeds = [seed] * (layout.seed_pieces() if isinstance(layout, MultiLayout) else 1)
-    base = await counter.count_prompt(layout.messages(seeds)) - costs.of[seed] * len(seeds)
-    calls = 0
+    ordered, layout = _layout(marker, depth, placements)
+    costs = piece_costs(tuple(await counter.count_pieces(filler.vocabulary())))
+    base = await _fixed_tokens(counter, layout, costs)
     if base > target_tokens:
         raise PlanningError(
             f"the canary's fixed text is {base} tokens, more than the {target_tokens} planned"
         )
+    plan = _Plan(kind, marker, depth, ordered, layout, target_tokens, max_tokens, window)
+    return await _steer(plan, counter, costs, base, rng, max_rounds)
 
+
+def _layout(
+    marker: str, depth: float, placements: Sequence[Placement]
+) -> tuple[tuple[Placement, ...], Layout | MultiLayout]:
+    """The placements a plan keeps (none for a single marker) and the layout they make."""
+    ordered = tuple(sorted(placements, key=lambda p: p.depth))
+    if len(ordered) <= 1:
+        return (), Layout(marker, depth)
+    if (ordered[0].marker, ordered[0].depth) != (marker, depth):
+        raise ValueError("marker and depth must be the shallowest placement")
+    return ordered, MultiLayout(ordered)
+
+
+async def _fixed_tokens(counter: TokenCounter, layout: Layout | MultiLayout, costs: Costs) -> int:
+    """What the prompt costs besides its filler, as the target counts it."""
+    # The fixed text is counted with one filler piece in place, not with none: the text on
+    # either side of an empty filler can merge into tokens that never occur in a real prompt.
+    seed = costs.singles[0]
+    seeds = [seed] * (layout.seed_pieces() if isinstance(layout, MultiLayout) else 1)
+    return await counter.count_prompt(layout.messages(seeds)) - costs.of[seed] * len(seeds)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a prompt is planned for; :meth:`prompt` makes it with the pieces chosen."""
+
+    kind: ProbeKind
+    marker: str
+    depth: float
+    placements: tuple[Placement, ...]
+    layout: Layout | MultiLayout
+    target_tokens: int
+    max_tokens: int
+    window: int | None
+
+    def prompt(
+        self,
+        pieces: Sequence[str],
+        counter: TokenCounter,
+        *,
+        planned: int,
+        exact: bool,
+        calls: int,
+        note: str | None = None,
+    ) -> PlannedPrompt:
+        return PlannedPrompt(
+            kind=self.kind,
+            messages=self.layout.messages(pieces),
+            marker=self.marker,
+            planned_tokens=planned,
+            target_tokens=self.target_tokens,
+            exact=exact,
+            tolerance=counter.tolerance(planned),
+            max_tokens=self.max_tokens,
+            tokenize_calls=calls,
+            token_source=counter.source,
+            marker_depth=self.depth,
+            note=note,
+            placements=self.placements,
+            window=self.window,
+        )
+
+
+async def _steer(
+    plan: _Plan,
+    counter: TokenCounter,
+    costs: Costs,
+    base: int,
+    rng: random.Random,
+    max_rounds: int,
+) -> PlannedPrompt:
+    """Fill to the target, then count the whole prompt and correct it, up to ``max_rounds``
+    times; the nearest acceptable count wins."""
+    target_tokens, side = plan.target_tokens, side_for(plan.kind)
     pieces = _fill(target_tokens - base, costs, rng)
     best: tuple[int, list[str]] | None = None
+    calls = 0
     for _ in range(max_rounds):
-        total = await counter.count_prompt(layout.messages(pieces))
+        total = await counter.count_prompt(plan.layout.messages(pieces))
         calls += 1
         text_tokens = sum(map(costs.of.__getitem__, pieces))
         if calls == 1 and template_swallows_content(base, total, text_tokens):
             # The serving stack's template drops the text, so its count cannot be steered.
             # Send the canary as sized by its content: the engine's usage will then show
             # how little of it was read (truncated), with the answer as evidence.
-            return PlannedPrompt(
-                kind=kind,
-                messages=layout.messages(pieces),
-                marker=marker,
-                planned_tokens=base + text_tokens,
-                target_tokens=target_tokens,
+            return plan.prompt(
+                pieces,
+                counter,
+                planned=base + text_tokens,
                 exact=False,
-                tolerance=counter.tolerance(base + text_tokens),
-                max_tokens=max_tokens,
-                tokenize_calls=calls,
-                token_source=counter.source,
-                marker_depth=depth,
+                calls=calls,
                 note=swallowed_reason(base, total, text_tokens),
-                placements=ordered,
-                window=window,
             )
-        # An estimate is steered like an exact count (calibrated, it is the best prediction
-        # of the engine's count there is), but its pieces do not add up exactly (rounding),
-        # so near is good enough: sizing left it a margin far wider than that.
-        if counter.exact:
-            fits = _acceptable(total, target_tokens, side)
-        else:
-            fits = abs(target_tokens - total) <= _estimate_slack(target_tokens)
+        fits = _fits(total, target_tokens, side, exact=counter.exact)
         if fits and (best is None or abs(target_tokens - total) < abs(target_tokens - best[0])):
             best = (total, list(pieces))
         diff = target_tokens - total
@@ -277,26 +326,20 @@ async def plan_prompt(
         pieces = _correct(pieces, diff, costs, rng)
     if best is None:
         raise PlanningError(
-            f"could not size a {kind} prompt to {side.value} {target_tokens} tokens "
+            f"could not size a {plan.kind} prompt to {side.value} {target_tokens} tokens "
             f"in {max_rounds} verifications"
         )
-    total, pieces = best
-    tolerance = counter.tolerance(total)
-    return PlannedPrompt(
-        kind=kind,
-        messages=layout.messages(pieces),
-        marker=marker,
-        planned_tokens=total,
-        target_tokens=target_tokens,
-        exact=counter.exact,
-        tolerance=tolerance,
-        max_tokens=max_tokens,
-        tokenize_calls=calls,
-        token_source=counter.source,
-        marker_depth=depth,
-        placements=ordered,
-        window=window,
-    )
+    total, chosen = best
+    return plan.prompt(chosen, counter, planned=total, exact=counter.exact, calls=calls)
+
+
+def _fits(total: int, target: int, side: Side, *, exact: bool) -> bool:
+    # An estimate is steered like an exact count (calibrated, it is the best prediction
+    # of the engine's count there is), but its pieces do not add up exactly (rounding),
+    # so near is good enough: sizing left it a margin far wider than that.
+    if exact:
+        return _acceptable(total, target, side)
+    return abs(target - total) <= _estimate_slack(target)
 
 
 def _estimate_slack(target: int) -> int:

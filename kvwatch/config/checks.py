@@ -12,13 +12,30 @@ from kvwatch.canary.planning import ANSWER_TOKENS_PER_CODE
 from kvwatch.config.durations import format_duration
 from kvwatch.config.expand import KeyPath
 from kvwatch.config.model import Config
+from kvwatch.config.resolve import EndpointSpec
+from kvwatch.config.sections import Defaults, Endpoint
 
 Problem = tuple[KeyPath, str]
 
 
 def cross_field_problems(config: Config) -> list[Problem]:
+    problems = _defaults_problems(config.defaults)
+    seen: set[str] = set()
+    for index, (endpoint, spec) in enumerate(
+        zip(config.endpoints, config.resolved_endpoints(), strict=True)
+    ):
+        here: KeyPath = ("endpoints", index)
+        if endpoint.name in seen:
+            problems.append(((*here, "name"), f'duplicate endpoint name "{endpoint.name}"'))
+        seen.add(endpoint.name)
+        problems += _reserved_labels(here, endpoint, multi_region=config.region is not None)
+        problems += _timing_problems(here, endpoint, spec)
+        problems += _size_problems(here, endpoint, spec)
+    return problems
+
+
+def _defaults_problems(defaults: Defaults) -> list[Problem]:
     problems: list[Problem] = []
-    defaults = config.defaults
     # Only a jitter the user wrote can clash: the default one follows the interval.
     if defaults.jitter is not None and defaults.jitter >= defaults.interval:
         problems.append(
@@ -31,67 +48,64 @@ def cross_field_problems(config: Config) -> list[Problem]:
                 _room_sentence(defaults.max_tokens, defaults.marker_depths),
             )
         )
-    seen: set[str] = set()
-    for index, (endpoint, spec) in enumerate(
-        zip(config.endpoints, config.resolved_endpoints(), strict=True)
-    ):
-        here: KeyPath = ("endpoints", index)
-        if endpoint.name in seen:
-            problems.append(((*here, "name"), f'duplicate endpoint name "{endpoint.name}"'))
-        seen.add(endpoint.name)
-        if config.region is not None and "region" in endpoint.labels:
-            # The region label is kvwatch's in multi-region mode; a static one would hide
-            # which region saw the failure.
-            problems.append(
-                ((*here, "labels", "region"), "is reserved: kvwatch sets it when region is set")
-            )
+    return problems
 
-        if endpoint.tenants:
-            # The cross-tenant alert names both tenants in these labels; a static one would
-            # hide whose data leaked where.
-            for label in ("source_tenant", "tenant"):
-                if label in endpoint.labels:
-                    problems.append(
-                        (
-                            (*here, "labels", label),
-                            "is reserved: kvwatch sets it on cross-tenant alerts when tenants "
-                            "are set",
-                        )
-                    )
 
-        # A clash that comes only from `defaults` is reported once, above, not per endpoint.
-        if spec.jitter_seconds >= spec.interval_seconds:
-            if endpoint.jitter is not None:
+def _reserved_labels(here: KeyPath, endpoint: Endpoint, *, multi_region: bool) -> list[Problem]:
+    problems: list[Problem] = []
+    if multi_region and "region" in endpoint.labels:
+        # The region label is kvwatch's in multi-region mode; a static one would hide
+        # which region saw the failure.
+        problems.append(
+            ((*here, "labels", "region"), "is reserved: kvwatch sets it when region is set")
+        )
+    if endpoint.tenants:
+        # The cross-tenant alert names both tenants in these labels; a static one would
+        # hide whose data leaked where.
+        for label in ("source_tenant", "tenant"):
+            if label in endpoint.labels:
                 problems.append(
                     (
-                        (*here, "jitter"),
-                        _jitter_sentence(spec.jitter_seconds, spec.interval_seconds),
+                        (*here, "labels", label),
+                        "is reserved: kvwatch sets it on cross-tenant alerts when tenants are set",
                     )
                 )
-            elif endpoint.interval is not None:
-                problems.append(
-                    (
-                        (*here, "interval"),
-                        f"must be longer than the jitter {format_duration(spec.jitter_seconds)}"
-                        f" (got {format_duration(spec.interval_seconds)})",
-                    )
-                )
+    return problems
 
-        # As with the jitter, a clash that comes only from `defaults` is reported above.
-        own = endpoint.max_tokens is not None or endpoint.marker_depths is not None
-        if own and _answer_too_short(spec.max_tokens, len(spec.marker_depths)):
-            key = "max_tokens" if endpoint.max_tokens is not None else "marker_depths"
-            problems.append(((*here, key), _room_sentence(spec.max_tokens, spec.marker_depths)))
 
-        window = spec.context_window
-        if window is not None and spec.baseline_tokens + spec.max_tokens > window:
-            problems.append(
-                (
-                    (*here, "context_window"),
-                    f"{window} tokens cannot hold the baseline prompt of {spec.baseline_tokens}"
-                    f" tokens plus max_tokens {spec.max_tokens}",
-                )
+def _timing_problems(here: KeyPath, endpoint: Endpoint, spec: EndpointSpec) -> list[Problem]:
+    # A clash that comes only from `defaults` is reported once, there, not per endpoint.
+    if spec.jitter_seconds < spec.interval_seconds:
+        return []
+    if endpoint.jitter is not None:
+        return [((*here, "jitter"), _jitter_sentence(spec.jitter_seconds, spec.interval_seconds))]
+    if endpoint.interval is not None:
+        return [
+            (
+                (*here, "interval"),
+                f"must be longer than the jitter {format_duration(spec.jitter_seconds)}"
+                f" (got {format_duration(spec.interval_seconds)})",
             )
+        ]
+    return []
+
+
+def _size_problems(here: KeyPath, endpoint: Endpoint, spec: EndpointSpec) -> list[Problem]:
+    problems: list[Problem] = []
+    # As with the jitter, a clash that comes only from `defaults` is reported there.
+    own = endpoint.max_tokens is not None or endpoint.marker_depths is not None
+    if own and _answer_too_short(spec.max_tokens, len(spec.marker_depths)):
+        key = "max_tokens" if endpoint.max_tokens is not None else "marker_depths"
+        problems.append(((*here, key), _room_sentence(spec.max_tokens, spec.marker_depths)))
+    window = spec.context_window
+    if window is not None and spec.baseline_tokens + spec.max_tokens > window:
+        problems.append(
+            (
+                (*here, "context_window"),
+                f"{window} tokens cannot hold the baseline prompt of {spec.baseline_tokens}"
+                f" tokens plus max_tokens {spec.max_tokens}",
+            )
+        )
     return problems
 
 

@@ -110,20 +110,7 @@ def context_length_error(
 ) -> ErrorBody:
     """The body each engine sends when a request does not fit its context window."""
     if flavour is Flavour.SGLANG:
-        if max_tokens is None or prompt_tokens >= window:
-            message = (
-                f"The input ({prompt_tokens} tokens) is longer than the model's context "
-                f"length ({window} tokens)."
-            )
-        else:
-            message = (
-                "Requested token count exceeds the model's maximum context length of "
-                f"{window} tokens. You requested a total of {prompt_tokens + max_tokens} "
-                f"tokens: {prompt_tokens} tokens from the input messages and {max_tokens} "
-                "tokens for the completion. Please reduce the number of tokens in the input "
-                "messages or the completion to fit within the limit."
-            )
-        return error_body(flavour, 400, message)
+        return error_body(flavour, 400, _sglang_context(window, prompt_tokens, max_tokens))
     if flavour is Flavour.TGI:
         return error_body(
             flavour,
@@ -138,37 +125,65 @@ def context_length_error(
             f"prompt is too long: {prompt_tokens + (max_tokens or 0)} tokens > {window} maximum",
         )
     if flavour is Flavour.LLAMACPP:
-        return {
-            "error": {
-                "code": 400,
-                "message": (
-                    f"request ({prompt_tokens} tokens) exceeds the available context size "
-                    f"({window} tokens), try increasing it"
-                ),
-                "type": "exceed_context_size_error",
-                "n_prompt_tokens": prompt_tokens,
-                "n_ctx": window,
-            }
-        }
+        return _llamacpp_context(window, prompt_tokens)
     if flavour is Flavour.OPENAI:
-        if max_tokens is None:
-            detail = f"However, your messages resulted in {prompt_tokens} tokens. "
-            advice = "Please reduce the length of the messages."
-        else:
-            detail = (
-                f"However, you requested {prompt_tokens + max_tokens} tokens "
-                f"({prompt_tokens} in the messages, {max_tokens} in the completion). "
-            )
-            advice = "Please reduce the length of the messages or completion."
-        message = f"This model's maximum context length is {window} tokens. {detail}{advice}"
-        return {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": "messages",
-                "code": "context_length_exceeded",
-            }
+        return _openai_context(window, prompt_tokens, max_tokens)
+    return _vllm_context(window, prompt_tokens, max_tokens)
+
+
+def _sglang_context(window: int, prompt_tokens: int, max_tokens: int | None) -> str:
+    # SGLang words a prompt that alone is too long apart from one whose answer does not fit.
+    if max_tokens is None or prompt_tokens >= window:
+        return (
+            f"The input ({prompt_tokens} tokens) is longer than the model's context "
+            f"length ({window} tokens)."
+        )
+    return (
+        "Requested token count exceeds the model's maximum context length of "
+        f"{window} tokens. You requested a total of {prompt_tokens + max_tokens} "
+        f"tokens: {prompt_tokens} tokens from the input messages and {max_tokens} "
+        "tokens for the completion. Please reduce the number of tokens in the input "
+        "messages or the completion to fit within the limit."
+    )
+
+
+def _llamacpp_context(window: int, prompt_tokens: int) -> ErrorBody:
+    return {
+        "error": {
+            "code": 400,
+            "message": (
+                f"request ({prompt_tokens} tokens) exceeds the available context size "
+                f"({window} tokens), try increasing it"
+            ),
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": prompt_tokens,
+            "n_ctx": window,
         }
+    }
+
+
+def _openai_context(window: int, prompt_tokens: int, max_tokens: int | None) -> ErrorBody:
+    if max_tokens is None:
+        detail = f"However, your messages resulted in {prompt_tokens} tokens. "
+        advice = "Please reduce the length of the messages."
+    else:
+        detail = (
+            f"However, you requested {prompt_tokens + max_tokens} tokens "
+            f"({prompt_tokens} in the messages, {max_tokens} in the completion). "
+        )
+        advice = "Please reduce the length of the messages or completion."
+    message = f"This model's maximum context length is {window} tokens. {detail}{advice}"
+    return {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+
+
+def _vllm_context(window: int, prompt_tokens: int, max_tokens: int | None) -> ErrorBody:
     output = max_tokens or 0
     return {
         "error": {

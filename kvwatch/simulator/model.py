@@ -271,7 +271,37 @@ def decide(
 ) -> Decision:
     """What the engine does with ``request``, counting with ``vocabulary``. Reads ``pool``,
     changes nothing."""
-    flavour = spec.flavour
+    flavour, window = spec.flavour, spec.window
+    failed = _fault_reply(flavour, fault)
+    if failed is not None:
+        return failed
+    text = request.prompt_text()
+    sent = vocabulary.count(text)
+    max_tokens = request.max_tokens
+    over_window = _over_window(flavour, window, sent, max_tokens)
+    refused = _refusal(spec, fault, sent, max_tokens, over_window=over_window)
+    if refused is not None:
+        return refused
+    if flavour is Flavour.OLLAMA and sent > window and fault is not FaultMode.ACCEPT_OVER_LIMIT:
+        return _ollama_cut(text, sent, window, max_tokens, fault, vocabulary)
+    read = _Admitted(
+        sent=sent,
+        limit=_answer_limit(flavour, window, sent, max_tokens),
+        can_recall=fault is not FaultMode.NO_RECALL,
+        usage_attended=spec.report_usage == "attended",
+    )
+    if over_window:  # only ACCEPT_OVER_LIMIT gets here: the context holds the first window.
+        kept = text[: vocabulary.char_offset(text, window)]
+        return read.answer(kept, window, kept)
+    if sent > spec.pool_tokens:
+        beyond = _beyond_pool(spec, fault, pool, request, text, read, vocabulary)
+        if beyond is not None:
+            return beyond
+    return read.answer(text, sent, text)
+
+
+def _fault_reply(flavour: Flavour, fault: FaultMode) -> Reject | None:
+    """The reply of a fault that answers every request alike, whatever it asks."""
     if fault is FaultMode.THROTTLED:
         return Reject(
             429,
@@ -280,11 +310,14 @@ def decide(
         )
     if fault is FaultMode.SERVER_ERROR:
         return Reject(500, errors.error_body(flavour, 500, "Internal server error"))
+    return None
 
-    prompt_text = request.prompt_text()
-    sent = vocabulary.count(prompt_text)
-    window, pool_tokens, max_tokens = spec.window, spec.pool_tokens, request.max_tokens
 
+def _refusal(
+    spec: SimEndpoint, fault: FaultMode, sent: int, max_tokens: int | None, *, over_window: bool
+) -> Reject | None:
+    """The engine's refusal of a prompt of ``sent`` tokens by its admission rules, if any."""
+    flavour, window, pool_tokens = spec.flavour, spec.window, spec.pool_tokens
     if (
         flavour is Flavour.TGI
         and sent > spec.input_limit
@@ -292,7 +325,6 @@ def decide(
     ):
         # TGI validates the prompt alone first, then prompt + max_new_tokens.
         return Reject(422, errors.input_length_error(limit=spec.input_limit, prompt_tokens=sent))
-    over_window = _over_window(flavour, window, sent, max_tokens)
     if over_window and fault is not FaultMode.ACCEPT_OVER_LIMIT:
         if fault is FaultMode.WRONG_STATUS:
             return Reject(500, errors.error_body(flavour, 500, "Internal server error"))
@@ -312,86 +344,97 @@ def decide(
                 flavour, window=pool_tokens, prompt_tokens=sent, max_tokens=max_tokens
             ),
         )
-
     if flavour is Flavour.SGLANG and fault not in _NO_POOL_GUARD:
         # SGLang's scheduler admits prompts below max_req_input_len only.
         max_req_input_len = min(window, pool_tokens) - 1
         if sent >= max_req_input_len:
             return Reject(400, errors.pool_limit_error(limit=max_req_input_len, prompt_tokens=sent))
-    if flavour is Flavour.OLLAMA and sent > window and fault is not FaultMode.ACCEPT_OVER_LIMIT:
-        # The runner reads up to num_ctx tokens whole and cuts a longer prompt to num_ctx:
-        # the first OLLAMA_KEEP tokens and the tail (runner.go NewSequence). The marker is
-        # gone. With accept_over_limit it reads the whole prompt instead, as an engine whose
-        # context is larger than it advertises would.
-        head = prompt_text[: vocabulary.char_offset(prompt_text, OLLAMA_KEEP)]
-        tail = prompt_text[vocabulary.char_offset(prompt_text, sent - (window - OLLAMA_KEEP)) :]
-        kept = head + tail
+    return None
+
+
+def _ollama_cut(
+    text: str,
+    sent: int,
+    window: int,
+    max_tokens: int | None,
+    fault: FaultMode,
+    vocabulary: tokenizer.Tokenizer,
+) -> Answer:
+    """Ollama's answer to a prompt longer than its context, which it cuts instead of refusing.
+
+    The runner reads up to num_ctx tokens whole and cuts a longer prompt to num_ctx: the
+    first OLLAMA_KEEP tokens and the tail (runner.go NewSequence). The marker is gone. (With
+    accept_over_limit it reads the whole prompt instead, as an engine whose context is larger
+    than it advertises would; the caller does not cut then.)
+    """
+    head = text[: vocabulary.char_offset(text, OLLAMA_KEEP)]
+    tail = text[vocabulary.char_offset(text, sent - (window - OLLAMA_KEEP)) :]
+    kept = head + tail
+    return _answer(
+        kept,
+        limit=max_tokens or 1,
+        can_recall=fault is not FaultMode.NO_RECALL,
+        prompt_tokens=window,
+        prefilled_tokens=window,
+        prefilled_text=kept,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    """A prompt of ``sent`` tokens the engine admitted: how it answers what it attended to."""
+
+    sent: int
+    limit: int  # answer tokens the engine allows
+    can_recall: bool
+    usage_attended: bool  # the usage reports the tokens attended to, not those sent
+
+    def answer(self, attended: str, tokens: int, prefilled_text: str | None) -> Answer:
+        """The answer to ``attended``, ``tokens`` of context, left in the pool as
+        ``prefilled_text``."""
         return _answer(
-            kept,
-            limit=max_tokens or 1,
-            can_recall=fault is not FaultMode.NO_RECALL,
-            prompt_tokens=window,
-            prefilled_tokens=window,
-            prefilled_text=kept,
+            attended,
+            limit=self.limit,
+            can_recall=self.can_recall,
+            prompt_tokens=tokens if self.usage_attended else self.sent,
+            prefilled_tokens=tokens,
+            prefilled_text=prefilled_text,
         )
 
-    limit = _answer_limit(flavour, window, sent, max_tokens)
-    can_recall = fault is not FaultMode.NO_RECALL
-    over_pool = sent > pool_tokens
 
-    def reported(attended_tokens: int) -> int:
-        return attended_tokens if spec.report_usage == "attended" else sent
-
-    if over_window:  # only ACCEPT_OVER_LIMIT gets here: the context holds the first window.
-        kept = prompt_text[: vocabulary.char_offset(prompt_text, window)]
-        return _answer(
-            kept,
-            limit=limit,
-            can_recall=can_recall,
-            prompt_tokens=reported(window),
-            prefilled_tokens=window,
-            prefilled_text=kept,
-        )
-    if over_pool and fault is FaultMode.STALE_KV:
+def _beyond_pool(
+    spec: SimEndpoint,
+    fault: FaultMode,
+    pool: KVPagePool,
+    request: ChatRequest,
+    text: str,
+    read: _Admitted,
+    vocabulary: tokenizer.Tokenizer,
+) -> Decision | None:
+    """What a faulty engine does with a prompt larger than its KV pool; None: no such fault,
+    it reads the prompt whole."""
+    sent, pool_tokens = read.sent, spec.pool_tokens
+    if fault is FaultMode.STALE_KV:
         # The incident: the prompt is dropped for a placeholder, and decode reads whatever
         # the pages still hold from earlier requests, another tenant's first.
-        return _answer(
-            pool.recent_first(not_of=request.tenant),
-            limit=limit,
-            can_recall=can_recall,
-            prompt_tokens=reported(PLACEHOLDER_TOKENS),
-            prefilled_tokens=PLACEHOLDER_TOKENS,
-            prefilled_text=None,
-        )
-    if over_pool and fault in (FaultMode.TRUNCATE_HEAD, FaultMode.TRUNCATE_TAIL):
-        if fault is FaultMode.TRUNCATE_HEAD:
-            kept = prompt_text[vocabulary.char_offset(prompt_text, sent - pool_tokens) :]
-        else:
-            kept = prompt_text[: vocabulary.char_offset(prompt_text, pool_tokens)]
-        return _answer(
-            kept,
-            limit=limit,
-            can_recall=can_recall,
-            prompt_tokens=reported(pool_tokens),
-            prefilled_tokens=pool_tokens,
-            prefilled_text=kept,
-        )
-    if over_pool and fault is FaultMode.STREAM_ERROR_FRAME:
+        return read.answer(pool.recent_first(not_of=request.tenant), PLACEHOLDER_TOKENS, None)
+    if fault is FaultMode.TRUNCATE_HEAD:
+        kept = text[vocabulary.char_offset(text, sent - pool_tokens) :]
+        return read.answer(kept, pool_tokens, kept)
+    if fault is FaultMode.TRUNCATE_TAIL:
+        kept = text[: vocabulary.char_offset(text, pool_tokens)]
+        return read.answer(kept, pool_tokens, kept)
+    if fault is FaultMode.STREAM_ERROR_FRAME:
         message = (
             f"KV cache exhausted: cannot allocate blocks for {sent} prompt tokens "
             f"(the pool holds {pool_tokens})"
         )
         if request.stream:
-            return StreamFailure(errors.stream_error_frame(flavour, message), pool_tokens)
-        return Reject(500, errors.error_body(flavour, 500, message), prefilled_tokens=pool_tokens)
-    return _answer(
-        prompt_text,
-        limit=limit,
-        can_recall=can_recall,
-        prompt_tokens=sent,
-        prefilled_tokens=sent,
-        prefilled_text=prompt_text,
-    )
+            return StreamFailure(errors.stream_error_frame(spec.flavour, message), pool_tokens)
+        return Reject(
+            500, errors.error_body(spec.flavour, 500, message), prefilled_tokens=pool_tokens
+        )
+    return None
 
 
 class Simulation:

@@ -451,82 +451,93 @@ async def anthropic_messages(request: Request) -> Response:
     outcome = await _serve(state, _anthropic_request(body, stream=stream), request)
     if isinstance(outcome, Response):
         return outcome
-    spec = state.spec
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     if isinstance(outcome, StreamFailure):
-        failure = errors.error_body(Flavour.ANTHROPIC, 500, "Overloaded")
-        failure["error"]["type"] = "overloaded_error"
-        if not stream:
-            return JSONResponse(failure, 529)
-
-        async def failing() -> AsyncIterator[bytes]:
-            yield _event(
-                "message_start",
-                {
-                    "type": "message_start",
-                    "message": {"id": message_id, "usage": {"input_tokens": 0, "output_tokens": 0}},
-                },
-            )
-            yield _event("error", failure)
-
-        return StreamingResponse(failing(), media_type="text/event-stream")
-    usage = {"input_tokens": outcome.prompt_tokens, "output_tokens": outcome.completion_tokens}
-    stop = _ANTHROPIC_STOP[outcome.finish_reason]
+        return _anthropic_overloaded(message_id, stream=stream)
     if not stream:
-        return JSONResponse(
-            {
-                "id": message_id,
-                "type": "message",
-                "role": "assistant",
-                "model": spec.model,
-                "content": [{"type": "text", "text": outcome.text}],
-                "stop_reason": stop,
-                "stop_sequence": None,
-                "usage": usage,
-            }
-        )
+        return JSONResponse(_anthropic_message(message_id, state.spec.model, outcome))
+    events = _anthropic_events(message_id, state.spec.model, outcome)
+    return StreamingResponse(events, media_type="text/event-stream")
 
-    async def events() -> AsyncIterator[bytes]:
-        start: dict[str, Any] = {
-            "id": message_id,
-            "type": "message",
-            "role": "assistant",
-            "model": spec.model,
-            "content": [],
-            "stop_reason": None,
-            "usage": {"input_tokens": outcome.prompt_tokens, "output_tokens": 1},
-        }
-        yield _event("message_start", {"type": "message_start", "message": start})
+
+def _anthropic_overloaded(message_id: str, *, stream: bool) -> Response:
+    """Anthropic's answer when the engine fails mid-request: a 529, or an error event after
+    the stream has started."""
+    failure = errors.error_body(Flavour.ANTHROPIC, 500, "Overloaded")
+    failure["error"]["type"] = "overloaded_error"
+    if not stream:
+        return JSONResponse(failure, 529)
+
+    async def failing() -> AsyncIterator[bytes]:
         yield _event(
-            "content_block_start",
+            "message_start",
             {
-                "type": "content_block_start",
+                "type": "message_start",
+                "message": {"id": message_id, "usage": {"input_tokens": 0, "output_tokens": 0}},
+            },
+        )
+        yield _event("error", failure)
+
+    return StreamingResponse(failing(), media_type="text/event-stream")
+
+
+def _anthropic_message(message_id: str, model: str, outcome: Answer) -> dict[str, Any]:
+    """A whole (non-streamed) Messages API answer."""
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": outcome.text}],
+        "stop_reason": _ANTHROPIC_STOP[outcome.finish_reason],
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": outcome.prompt_tokens,
+            "output_tokens": outcome.completion_tokens,
+        },
+    }
+
+
+async def _anthropic_events(message_id: str, model: str, outcome: Answer) -> AsyncIterator[bytes]:
+    """A streamed Messages API answer, event by event as Anthropic sends them."""
+    start: dict[str, Any] = {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "usage": {"input_tokens": outcome.prompt_tokens, "output_tokens": 1},
+    }
+    yield _event("message_start", {"type": "message_start", "message": start})
+    yield _event(
+        "content_block_start",
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "text", "text": ""},
+        },
+    )
+    yield _event("ping", {"type": "ping"})
+    for piece in outcome.pieces:
+        yield _event(
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
                 "index": 0,
-                "content_block": {"type": "text", "text": ""},
+                "delta": {"type": "text_delta", "text": piece},
             },
         )
-        yield _event("ping", {"type": "ping"})
-        for piece in outcome.pieces:
-            yield _event(
-                "content_block_delta",
-                {
-                    "type": "content_block_delta",
-                    "index": 0,
-                    "delta": {"type": "text_delta", "text": piece},
-                },
-            )
-        yield _event("content_block_stop", {"type": "content_block_stop", "index": 0})
-        yield _event(
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": stop, "stop_sequence": None},
-                "usage": {"output_tokens": outcome.completion_tokens},
-            },
-        )
-        yield _event("message_stop", {"type": "message_stop"})
-
-    return StreamingResponse(events(), media_type="text/event-stream")
+    yield _event("content_block_stop", {"type": "content_block_stop", "index": 0})
+    yield _event(
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": _ANTHROPIC_STOP[outcome.finish_reason], "stop_sequence": None},
+            "usage": {"output_tokens": outcome.completion_tokens},
+        },
+    )
+    yield _event("message_stop", {"type": "message_stop"})
 
 
 def _event(name: str, payload: dict[str, Any]) -> bytes:

@@ -295,6 +295,13 @@ class _Relay:
             await self.response.aclose()
 
 
+def _usage(spec: SimEndpoint, sent: int, read: int | None) -> Callable[[Any], Any] | None:
+    """What usage must show: the ``sent`` tokens when the endpoint lies about usage, else
+    ``read`` (``None``: the upstream's own figure, which is what it read)."""
+    value = sent if spec.report_usage == "sent" else read
+    return None if value is None else (lambda payload: _rewrite_usage(payload, value))
+
+
 class ProxyApp:
     """The ASGI app's logic: one instance per running proxy."""
 
@@ -338,75 +345,99 @@ class ProxyApp:
     async def _chat(
         self, state: ProxyEndpoint, request: Request, body: dict[str, Any], messages: Messages
     ) -> Response:
-        spec, fault, headers = state.spec, state.fault, _headers(request)
-        stream = bool(body.get("stream"))
-        sent = 0
+        fault, headers = state.fault, _headers(request)
         if fault in _POOL_FAULTS:
             sent = await self.upstream.count_prompt(messages, headers)
-        over_pool = sent > spec.pool_tokens
-
-        def usage(read: int | None) -> Callable[[Any], Any] | None:
-            """What usage must show: the tokens sent when the endpoint lies about usage, else
-            ``read`` (``None``: the upstream's own figure, which is what it read)."""
-            value = sent if spec.report_usage == "sent" else read
-            return None if value is None else (lambda payload: _rewrite_usage(payload, value))
-
-        if over_pool and fault is FaultMode.STALE_KV:
-            state.stats.injected += 1
-            # The stale pages: another request's prompt (another tenant's first), or nothing
-            # worth recalling.
-            stale = state.stale_for(_tenant(headers)) or [{"role": "user", "content": ""}]
-            return await self._send(body | {"messages": stale}, headers, usage(PLACEHOLDER_TOKENS))
-        if over_pool and fault in (FaultMode.TRUNCATE_HEAD, FaultMode.TRUNCATE_TAIL):
-            state.stats.injected += 1
-            cut = await cut_prompt(
-                self.upstream,
-                messages,
-                sent=sent,
-                keep=spec.pool_tokens,
-                keep_head=fault is FaultMode.TRUNCATE_TAIL,
-                headers=headers,
-            )
-            return await self._send(body | {"messages": cut}, headers, usage(None))
-        if over_pool and fault is FaultMode.STREAM_ERROR_FRAME:
-            state.stats.injected += 1
-            message = (
-                f"KV cache exhausted: cannot allocate blocks for {sent} prompt tokens "
-                f"(the pool holds {spec.pool_tokens})"
-            )
-            if not stream:
-                return JSONResponse(errors.error_body(spec.flavour, 500, message), 500)
-            frame = errors.stream_error_frame(spec.flavour, message)
-            # The engine prefilled what its pool held and began decoding before it failed.
-            cut = await cut_prompt(
-                self.upstream,
-                messages,
-                sent=sent,
-                keep=spec.pool_tokens,
-                keep_head=True,
-                headers=headers,
-            )
-            return await self._send(body | {"messages": cut}, headers, error_after_content=frame)
-
+            if sent > state.spec.pool_tokens:
+                return await self._beyond_pool(state, body, messages, headers, sent)
         reply = await self._send(body, headers, remember=state)
         if fault in (FaultMode.ACCEPT_OVER_LIMIT, FaultMode.WRONG_STATUS) and _is_context(reply):
             state.stats.injected += 1
             if fault is FaultMode.WRONG_STATUS:
                 return JSONResponse(
-                    errors.error_body(spec.flavour, 500, "Internal server error"), 500
+                    errors.error_body(state.spec.flavour, 500, "Internal server error"), 500
                 )
-            sent = await self.upstream.count_prompt(messages, headers)
-            max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-            # The head that the KV pool holds and that leaves room for the answer under any
-            # engine's admission rule.
-            room = min(
-                spec.pool_tokens, spec.window - (max_tokens if isinstance(max_tokens, int) else 1)
-            )
-            cut = await cut_prompt(
-                self.upstream, messages, sent=sent, keep=room, keep_head=True, headers=headers
-            )
-            return await self._send(body | {"messages": cut}, headers, usage(None))
+            return await self._past_the_limit(state, body, messages, headers)
         return reply
+
+    async def _beyond_pool(
+        self,
+        state: ProxyEndpoint,
+        body: dict[str, Any],
+        messages: Messages,
+        headers: dict[str, str],
+        sent: int,
+    ) -> Response:
+        """The pool fault's answer to a prompt of ``sent`` tokens, more than the pool holds."""
+        spec, fault = state.spec, state.fault
+        state.stats.injected += 1
+        if fault is FaultMode.STALE_KV:
+            # The stale pages: another request's prompt (another tenant's first), or nothing
+            # worth recalling.
+            stale = state.stale_for(_tenant(headers)) or [{"role": "user", "content": ""}]
+            rewrite = _usage(spec, sent, PLACEHOLDER_TOKENS)
+            return await self._send(body | {"messages": stale}, headers, rewrite)
+        if fault is FaultMode.STREAM_ERROR_FRAME:
+            return await self._kv_exhausted(state, body, messages, headers, sent)
+        cut = await cut_prompt(
+            self.upstream,
+            messages,
+            sent=sent,
+            keep=spec.pool_tokens,
+            keep_head=fault is FaultMode.TRUNCATE_TAIL,
+            headers=headers,
+        )
+        return await self._send(body | {"messages": cut}, headers, _usage(spec, sent, None))
+
+    async def _kv_exhausted(
+        self,
+        state: ProxyEndpoint,
+        body: dict[str, Any],
+        messages: Messages,
+        headers: dict[str, str],
+        sent: int,
+    ) -> Response:
+        """An engine out of KV blocks: a 500, or an error frame inside a started stream."""
+        spec = state.spec
+        message = (
+            f"KV cache exhausted: cannot allocate blocks for {sent} prompt tokens "
+            f"(the pool holds {spec.pool_tokens})"
+        )
+        if not body.get("stream"):
+            return JSONResponse(errors.error_body(spec.flavour, 500, message), 500)
+        frame = errors.stream_error_frame(spec.flavour, message)
+        # The engine prefilled what its pool held and began decoding before it failed.
+        cut = await cut_prompt(
+            self.upstream,
+            messages,
+            sent=sent,
+            keep=spec.pool_tokens,
+            keep_head=True,
+            headers=headers,
+        )
+        return await self._send(body | {"messages": cut}, headers, error_after_content=frame)
+
+    async def _past_the_limit(
+        self,
+        state: ProxyEndpoint,
+        body: dict[str, Any],
+        messages: Messages,
+        headers: dict[str, str],
+    ) -> Response:
+        """Serve a prompt the upstream refused as too long, as an engine that does not enforce
+        its limit would: the head that fits, read as if it were the whole prompt."""
+        spec = state.spec
+        sent = await self.upstream.count_prompt(messages, headers)
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        # The head that the KV pool holds and that leaves room for the answer under any
+        # engine's admission rule.
+        room = min(
+            spec.pool_tokens, spec.window - (max_tokens if isinstance(max_tokens, int) else 1)
+        )
+        cut = await cut_prompt(
+            self.upstream, messages, sent=sent, keep=room, keep_head=True, headers=headers
+        )
+        return await self._send(body | {"messages": cut}, headers, _usage(spec, sent, None))
 
     async def _send(
         self,

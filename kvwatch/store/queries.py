@@ -496,61 +496,81 @@ def _finished(
         ]
         start = first_full if origin is None else int(origin.timestamp())
         step = width or end_full - first_full
-        for r in rollups.read(
-            c, endpoint, first_full, end_full, origin=start, width=step, durations=durations
-        ):
-            yield (
-                rollups.hour_start(max(first_full, start + int(r.slice) * step)),
-                r.verdict,
-                _Tally(
-                    probes=int(r.probes),
-                    timed=int(r.timed),
-                    max_duration_seconds=r.max_duration_seconds,
-                    prompt_tokens=int(r.prompt_tokens),
-                    completion_tokens=int(r.completion_tokens),
-                    max_planned_under=_int(r.max_planned_under),
-                    min_reported_under=_int(r.min_reported_under),
-                    durations=(r.durations or "") if durations else "",
-                ),
-            )
+        yield from _rolled_up(c, endpoint, first_full, end_full, start, step, durations)
     else:
         ends = [(since, until)]
     for low, high in ends:
-        if low >= high:
-            continue
-        rows = c.execute(
-            select(
-                Probe.started_at,
-                Probe.verdict,
-                Probe.kind,
-                Probe.duration_seconds,
-                Probe.planned_prompt_tokens,
-                Probe.reported_prompt_tokens,
-                Probe.completion_tokens,
-            ).where(
-                Probe.endpoint == endpoint,
-                Probe.started_at >= low,
-                Probe.started_at < high,
-                Probe.state == ProbeState.DONE.value,
-                Probe.verdict.is_not(None),
-            )
+        if low < high:
+            yield from _one_by_one(c, endpoint, low, high)
+
+
+def _rolled_up(
+    c: Connection,
+    endpoint: str,
+    first_full: int,
+    end_full: int,
+    start: int,
+    step: int,
+    durations: bool,
+) -> Iterator[tuple[datetime, str, _Tally]]:
+    """The whole hours ``[first_full, end_full)`` from the rollups, one tally per verdict and
+    slice of ``step`` seconds from ``start``, timed at the slice's first hour in the window."""
+    for r in rollups.read(
+        c, endpoint, first_full, end_full, origin=start, width=step, durations=durations
+    ):
+        yield (
+            rollups.hour_start(max(first_full, start + int(r.slice) * step)),
+            r.verdict,
+            _Tally(
+                probes=int(r.probes),
+                timed=int(r.timed),
+                max_duration_seconds=r.max_duration_seconds,
+                prompt_tokens=int(r.prompt_tokens),
+                completion_tokens=int(r.completion_tokens),
+                max_planned_under=_int(r.max_planned_under),
+                min_reported_under=_int(r.min_reported_under),
+                durations=(r.durations or "") if durations else "",
+            ),
         )
-        for at, verdict, kind, duration, planned, reported, completion in rows:
-            under = kind == ProbeKind.UNDER.value
-            yield (
-                at,
-                verdict,
-                _Tally(
-                    probes=1,
-                    timed=0 if duration is None else 1,
-                    max_duration_seconds=duration,
-                    prompt_tokens=reported or 0,
-                    completion_tokens=completion or 0,
-                    max_planned_under=planned if under else None,
-                    min_reported_under=reported if under else None,
-                    durations=rollups.duration_text(duration),
-                ),
-            )
+
+
+def _one_by_one(
+    c: Connection, endpoint: str, low: datetime, high: datetime
+) -> Iterator[tuple[datetime, str, _Tally]]:
+    """The finished probes of ``[low, high)``, a ragged end of a window, one tally each."""
+    rows = c.execute(
+        select(
+            Probe.started_at,
+            Probe.verdict,
+            Probe.kind,
+            Probe.duration_seconds,
+            Probe.planned_prompt_tokens,
+            Probe.reported_prompt_tokens,
+            Probe.completion_tokens,
+        ).where(
+            Probe.endpoint == endpoint,
+            Probe.started_at >= low,
+            Probe.started_at < high,
+            Probe.state == ProbeState.DONE.value,
+            Probe.verdict.is_not(None),
+        )
+    )
+    for at, verdict, kind, duration, planned, reported, completion in rows:
+        under = kind == ProbeKind.UNDER.value
+        yield (
+            at,
+            verdict,
+            _Tally(
+                probes=1,
+                timed=0 if duration is None else 1,
+                max_duration_seconds=duration,
+                prompt_tokens=reported or 0,
+                completion_tokens=completion or 0,
+                max_planned_under=planned if under else None,
+                min_reported_under=reported if under else None,
+                durations=rollups.duration_text(duration),
+            ),
+        )
 
 
 def _overview_walks(

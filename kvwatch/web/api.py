@@ -36,6 +36,22 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
 }
 
 EndpointName = Annotated[str, Path(max_length=200, pattern=NO_NUL)]
+RegionFilter = Annotated[
+    str | None,
+    Query(
+        max_length=63,
+        pattern=NO_NUL,
+        description="Only probes run in this region (multi-region mode).",
+    ),
+]
+TenantFilter = Annotated[
+    str | None,
+    Query(
+        max_length=63,
+        pattern=NO_NUL,
+        description="Only probes sent with this tenant's credentials (its name).",
+    ),
+]
 
 
 def _iso_only(value: object) -> object:
@@ -68,6 +84,15 @@ def _window(
 def build_api(ctx: WebContext) -> APIRouter:
     router = APIRouter(prefix="/api/v1", tags=["api"], responses=ERRORS)
     queries = HistoryQueries(ctx.store)
+    # Registered in this order, which is the order of the OpenAPI document's paths.
+    _endpoint_routes(router, ctx, queries)
+    _probe_routes(router, ctx, queries)
+    _alert_routes(router, ctx, queries)
+    return router
+
+
+def _endpoint_routes(router: APIRouter, ctx: WebContext, queries: HistoryQueries) -> None:
+    """``/endpoints`` and ``/endpoints/{name}/summary``."""
     settings = ctx.settings
 
     @router.get("/endpoints", summary="Endpoints with their latest verdict per probe kind")
@@ -115,27 +140,18 @@ def build_api(ctx: WebContext) -> APIRouter:
             raise HTTPException(status_code=404, detail=f"no endpoint named {name!r}")
         return schemas.summary(queries.summary(name, start, end))
 
+
+def _probe_routes(router: APIRouter, ctx: WebContext, queries: HistoryQueries) -> None:
+    """``/probes``, filtered and paged, and ``/probes/{probe_id}`` with its evidence."""
+    settings = ctx.settings
+
     @router.get("/probes", summary="Probes, newest first, filtered, a page at a time")
     def probes(
         endpoint: Annotated[str | None, Query(max_length=200, pattern=NO_NUL)] = None,
         kind: ProbeKind | None = None,
         verdict: Verdict | None = None,
-        region: Annotated[
-            str | None,
-            Query(
-                max_length=63,
-                pattern=NO_NUL,
-                description="Only probes run in this region (multi-region mode).",
-            ),
-        ] = None,
-        tenant: Annotated[
-            str | None,
-            Query(
-                max_length=63,
-                pattern=NO_NUL,
-                description="Only probes sent with this tenant's credentials (its name).",
-            ),
-        ] = None,
+        region: RegionFilter = None,
+        tenant: TenantFilter = None,
         since: Annotated[Time | None, Query(description="Started at or after (inclusive).")] = None,
         until: Annotated[Time | None, Query(description="Started before (exclusive).")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
@@ -173,6 +189,11 @@ def build_api(ctx: WebContext) -> APIRouter:
         confirmations = [p.id for p in queries.confirmations_of(probe_id)]
         return schemas.probe(settings, row, confirmations)
 
+
+def _alert_routes(router: APIRouter, ctx: WebContext, queries: HistoryQueries) -> None:
+    """``/alerts``: firing, pending and recently resolved."""
+    settings = ctx.settings
+
     @router.get("/alerts", summary="Firing and pending alerts, and recently resolved ones")
     def alerts(
         resolved_within: Annotated[
@@ -192,8 +213,6 @@ def build_api(ctx: WebContext) -> APIRouter:
         return schemas.Alerts(
             alerts=[schemas.alert(settings, a) for a in queries.alerts(ctx.store, since)]
         )
-
-    return router
 
 
 __all__ = ["build_api"]

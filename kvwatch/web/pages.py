@@ -100,17 +100,34 @@ def build_templates() -> Jinja2Templates:
     return templates
 
 
+class _Renderer:
+    """Renders a page's template, or the error page with a status and a readable message."""
+
+    def __init__(self) -> None:
+        self._templates = build_templates()
+
+    def render(self, request: Request, name: str, status: int = 200, **values: Any) -> HTMLResponse:
+        return self._templates.TemplateResponse(request, name, values, status_code=status)
+
+    def problem(self, request: Request, status: int, message: str) -> HTMLResponse:
+        return self.render(request, "error.html", status, title=f"{status}", message=message)
+
+
 def build_pages(ctx: WebContext) -> APIRouter:
     router = APIRouter(include_in_schema=False)
     queries = HistoryQueries(ctx.store)
-    settings = ctx.settings
-    templates = build_templates()
+    pages = _Renderer()
+    _endpoint_pages(router, ctx, queries, pages)
+    _probe_pages(router, ctx, queries, pages)
+    _alert_pages(router, ctx, queries, pages)
+    return router
 
-    def render(request: Request, name: str, status: int = 200, **values: Any) -> HTMLResponse:
-        return templates.TemplateResponse(request, name, values, status_code=status)
 
-    def problem(request: Request, status: int, message: str) -> HTMLResponse:
-        return render(request, "error.html", status, title=f"{status}", message=message)
+def _endpoint_pages(
+    router: APIRouter, ctx: WebContext, queries: HistoryQueries, pages: _Renderer
+) -> None:
+    """The overview (``/``) and one endpoint's page with its timeline."""
+    render, problem = pages.render, pages.problem
 
     @router.get("/", response_class=HTMLResponse)
     def overview(request: Request) -> HTMLResponse:
@@ -161,6 +178,14 @@ def build_pages(ctx: WebContext) -> APIRouter:
             has_points=bool(chart.buckets),
             page=page,
         )
+
+
+def _probe_pages(
+    router: APIRouter, ctx: WebContext, queries: HistoryQueries, pages: _Renderer
+) -> None:
+    """The filtered probe list and one probe with its evidence."""
+    render, problem = pages.render, pages.problem
+    settings = ctx.settings
 
     @router.get("/probes", response_class=HTMLResponse)
     def probes(
@@ -214,6 +239,13 @@ def build_pages(ctx: WebContext) -> APIRouter:
             confirmations=queries.confirmations_of(row.id),
         )
 
+
+def _alert_pages(
+    router: APIRouter, ctx: WebContext, queries: HistoryQueries, pages: _Renderer
+) -> None:
+    """Firing, pending and recently resolved alerts."""
+    render, problem = pages.render, pages.problem
+
     @router.get("/alerts", response_class=HTMLResponse)
     def alerts(request: Request, resolved_within: str = "24h") -> HTMLResponse:
         try:
@@ -228,8 +260,6 @@ def build_pages(ctx: WebContext) -> APIRouter:
             alerts=listed,
             within=format_duration(span.total_seconds()),
         )
-
-    return router
 
 
 def _filters(form: dict[str, str], now: datetime) -> ProbeFilter:
