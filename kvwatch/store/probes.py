@@ -226,12 +226,6 @@ class ProbeRecords(SlotClaims, AlertStates):
             for key, issued, pid, ep, at, tenant in rows
         }
 
-    def get_probe(self, probe_id: int) -> ProbeRow | None:
-        """One probe by id, or None."""
-        with self._errors(f"could not read probe {probe_id}"), self._sessions() as s:
-            row = s.get(Probe, probe_id)
-            return None if row is None else probe_row(row)
-
     def list_probes(
         self,
         endpoint: str | None = None,
@@ -266,18 +260,6 @@ class ProbeRecords(SlotClaims, AlertStates):
             query = query.where(Probe.id < before_id)
         with self._errors("could not list probes"), self._sessions() as s:
             return [probe_row(row) for row in s.scalars(query)]
-
-    def latest_per_endpoint(self) -> dict[tuple[str, str], ProbeRow]:
-        """The latest finished probe of each (endpoint, kind)."""
-        latest = (
-            select(func.max(Probe.id).label("id"))
-            .where(Probe.state == ProbeState.DONE.value)
-            .group_by(Probe.endpoint, Probe.kind)
-            .subquery()
-        )
-        query = select(Probe).join(latest, Probe.id == latest.c.id)
-        with self._errors("could not read the latest probes"), self._sessions() as s:
-            return {(row.endpoint, row.kind): probe_row(row) for row in s.scalars(query)}
 
     def prune(
         self, older_than: datetime, keep_verdicts: Sequence[str] = (), batch: int = 1000

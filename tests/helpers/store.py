@@ -1,16 +1,24 @@
 """The store as tests use it: kvwatch's :class:`~kvwatch.store.Store` with a synchronous
-write for each operation of the probe path.
+write for each operation of the probe path, and reads that only tests make.
 
 kvwatch itself writes those through the group writer (``Store.write_group``); a test that
-sets up history, or checks one write's guarantees, calls them one at a time here.
+sets up history, or checks one write's guarantees, calls them one at a time here. The reads
+(:func:`get_probe`, :func:`latest_per_endpoint`) are functions, so they work on any store,
+the daemon's too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from kvwatch.canary.model import ProbeState
 from kvwatch.store import Store as _KvwatchStore
-from kvwatch.store.records import AlertStateRecord, NewProbe, ProbeOutcome
+from kvwatch.store.models import Probe
+from kvwatch.store.probes import probe_row
+from kvwatch.store.records import AlertStateRecord, NewProbe, ProbeOutcome, ProbeRow
 
 
 class Store(_KvwatchStore):
@@ -61,3 +69,23 @@ class Store(_KvwatchStore):
         return self._write_one(
             self.record_probe_op(p, r, alert_states, complete_slot=complete_slot)
         )
+
+
+def get_probe(store: _KvwatchStore, probe_id: int) -> ProbeRow | None:
+    """One probe by id, or None."""
+    with Session(store.engine) as s:
+        row = s.get(Probe, probe_id)
+        return None if row is None else probe_row(row)
+
+
+def latest_per_endpoint(store: _KvwatchStore) -> dict[tuple[str, str], ProbeRow]:
+    """The latest finished probe of each (endpoint, kind)."""
+    latest = (
+        select(func.max(Probe.id).label("id"))
+        .where(Probe.state == ProbeState.DONE.value)
+        .group_by(Probe.endpoint, Probe.kind)
+        .subquery()
+    )
+    query = select(Probe).join(latest, Probe.id == latest.c.id)
+    with Session(store.engine) as s:
+        return {(row.endpoint, row.kind): probe_row(row) for row in s.scalars(query)}

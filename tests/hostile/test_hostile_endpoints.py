@@ -22,6 +22,7 @@ from kvwatch.simulator.spec import SimEndpoint
 from kvwatch.store.records import ProbeRow
 from kvwatch.store.repository import Store
 from tests.helpers.hostile import BEHAVIOURS, hostile_server, self_signed_context
+from tests.helpers.store import get_probe
 from tests.helpers.targets import config_for, targets_and_runner
 
 DEADLINE = "3s"
@@ -115,7 +116,7 @@ async def probe_everything(store: Store, certs: Path) -> dict[str, Outcome]:
         )
     outcomes = {}
     for name, report in zip(urls, reports, strict=True):
-        row = store.get_probe(report.probe_id)
+        row = get_probe(store, report.probe_id)
         assert row is not None
         outcomes[name] = Outcome(report.verdict, report.reason, row)
     return outcomes

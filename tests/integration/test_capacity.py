@@ -7,6 +7,7 @@ import httpx
 from kvwatch.canary.model import ProbeKind, Verdict
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
+from tests.helpers.store import get_probe
 from tests.helpers.targets import config_for, sim_endpoint_entry, targets_and_runner
 
 INCIDENT = SimEndpoint(
@@ -37,7 +38,7 @@ async def test_sglang_with_a_pool_below_its_window_is_a_capacity_mismatch_and_ed
         assert "1048576" in capacity.reason and "681280" in capacity.reason
         assert edge.verdict in {Verdict.FOREIGN_MARKER, Verdict.TRUNCATED}, edge.reason
         assert edge.planned_prompt_tokens is not None and edge.planned_prompt_tokens > 681_280
-        row = store.get_probe(capacity.probe_id)
+        row = get_probe(store, capacity.probe_id)
         assert row is not None and row.verdict == "capacity_mismatch" and row.marker == ""
         # What it really serves: the reported pool, verified whole by one bisect probe (the
         # edge probe already proved one token more is not).

@@ -15,6 +15,7 @@ from kvwatch.config import Config
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from tests.helpers.alertmanager import AlertmanagerProcess, RecordingServer, running_alertmanager
+from tests.helpers.store import get_probe
 from tests.helpers.targets import config_for, sim_endpoint_entry
 from tests.integration.test_paging import active, eventually, kvwatch, notified
 
@@ -80,7 +81,7 @@ async def test_stale_kv_across_tenants_is_a_cross_tenant_leak_stored_and_paged(
         first = reports[0]
         assert [(f.probe_id, f.tenant) for f in first.foreign] == [(baseline.probe_id, "acme")]
         assert first.probe_id is not None
-        row = kv.store.get_probe(first.probe_id)
+        row = get_probe(kv.store, first.probe_id)
         assert row is not None and (row.tenant, row.verdict) == ("globex", "cross_tenant_leak")
         assert [f.tenant for f in row.foreign_markers] == ["acme"]
 

@@ -22,6 +22,7 @@ from tests.helpers.processes import (
     stop,
     wait_for,
 )
+from tests.helpers.store import get_probe
 
 
 def write_config(path: Path, db_url: str, sim: str, *, grace_probe: str = "baseline") -> Path:
@@ -76,14 +77,14 @@ def test_sigkill_mid_probe_leaves_an_interrupted_row_and_the_next_start_carries_
         )
         stop(proc, signal.SIGKILL)
         killed_id = running[0].id
-        row = observed.get_probe(killed_id)
+        row = get_probe(observed, killed_id)
         assert row is not None and row.state is ProbeState.RUNNING, log.read_text()
 
         proc = start_kvwatch("run", "--config", str(config), log=log)
         try:
             wait_for(
                 "the killed row to be marked interrupted",
-                lambda: observed.get_probe(killed_id).state is ProbeState.INTERRUPTED,  # type: ignore[union-attr]
+                lambda: get_probe(observed, killed_id).state is ProbeState.INTERRUPTED,  # type: ignore[union-attr]
                 timeout=60,
             )
             done = wait_for(
@@ -107,7 +108,7 @@ def test_sigterm_lets_an_in_flight_probe_finish(tmp_path, db_url, observed):
             "a running probe", lambda: rows(observed, ProbeState.RUNNING), timeout=60
         )
         assert stop(proc) == 0, log.read_text()
-        row = observed.get_probe(running[0].id)
+        row = get_probe(observed, running[0].id)
         assert row is not None and row.state is ProbeState.DONE and row.verdict == "pass"
 
 
@@ -121,7 +122,7 @@ def test_sigterm_past_the_grace_period_marks_the_probe_interrupted(tmp_path, db_
             "a running probe", lambda: rows(observed, ProbeState.RUNNING), timeout=60
         )
         assert stop(proc) == 0, log.read_text()
-        row = observed.get_probe(running[0].id)
+        row = get_probe(observed, running[0].id)
         assert row is not None and row.state is ProbeState.INTERRUPTED
 
 

@@ -16,6 +16,7 @@ from kvwatch.canary.model import ProbeKind, ProbeState, Verdict
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.repository import Store
+from tests.helpers.store import get_probe
 from tests.helpers.targets import config_for, sim_endpoint_entry, targets_and_runner
 
 UNDER, OVER, BASE = ProbeKind.UNDER, ProbeKind.OVER, ProbeKind.BASELINE
@@ -81,7 +82,7 @@ async def test_each_fault_mode_yields_its_verdict(rig, endpoint, kind, verdict):
     _sim, targets, runner, store = rig
     report = await runner.run(targets[endpoint], kind)
     assert report.verdict is verdict, report.reason
-    row = store.get_probe(report.probe_id)
+    row = get_probe(store, report.probe_id)
     assert row is not None
     assert row.state is ProbeState.DONE
     assert row.verdict == verdict.value
@@ -96,7 +97,7 @@ async def test_stale_kv_leaks_an_earlier_probes_marker_and_names_it(rig):
     assert under.verdict is Verdict.FOREIGN_MARKER
     assert [f.probe_id for f in under.foreign] == [baseline.probe_id]
     assert under.reported_prompt_tokens == 1
-    row = store.get_probe(under.probe_id)
+    row = get_probe(store, under.probe_id)
     assert row is not None and row.foreign_markers[0].probe_id == baseline.probe_id
 
 
@@ -116,7 +117,7 @@ async def test_a_critical_verdict_is_confirmed_by_a_second_stored_probe(rig):
     reports = await runner.run_checked(target, OVER)
     assert [r.verdict for r in reports] == [Verdict.OVER_ACCEPTED, Verdict.OVER_ACCEPTED]
     assert reports[1].confirms_probe_id == reports[0].probe_id
-    second = store.get_probe(reports[1].probe_id)
+    second = get_probe(store, reports[1].probe_id)
     assert second is not None and second.confirms_probe_id == reports[0].probe_id
 
 
@@ -160,5 +161,5 @@ async def test_a_tgi_whose_input_cap_is_below_its_total_is_probed_at_the_cap(sto
         over = await runner.run(targets["tgi"], OVER)
         assert over.verdict is Verdict.PASS, over.reason
         assert over.planned_prompt_tokens == 1025
-        row = store.get_probe(over.probe_id)
+        row = get_probe(store, over.probe_id)
         assert row is not None and "must have less than 1024 tokens" in (row.error_body or "")

@@ -18,6 +18,7 @@ from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.repository import Store
 from kvwatch.web.app import WebContext, create_app
+from tests.helpers.store import get_probe
 from tests.helpers.targets import config_for, sim_endpoint_entry, targets_and_runner
 
 UNDER, BASE = ProbeKind.UNDER, ProbeKind.BASELINE
@@ -79,7 +80,7 @@ async def test_a_three_depth_under_probe_localises_the_simulated_cut(
     assert [d.outcome.value for d in report.depths] == outcomes
     if where is not None:
         assert where in report.reason
-    row = store.get_probe(report.probe_id)
+    row = get_probe(store, report.probe_id)
     assert row is not None and row.reason == report.reason
     assert [(d.depth, d.outcome) for d in row.depths] == list(zip(DEPTHS, outcomes, strict=True))
     assert row.marker == row.depths[0].marker and row.marker_depth == 0.0
@@ -92,7 +93,7 @@ async def test_every_marker_of_a_probe_is_issued_so_a_leaked_deep_one_names_its_
     targets, runner, store = rig
     baseline = await runner.run(targets["stale"], BASE)
     assert baseline.verdict is Verdict.PASS, baseline.reason
-    issued = store.get_probe(baseline.probe_id)
+    issued = get_probe(store, baseline.probe_id)
     assert issued is not None
     deep = [d.marker for d in issued.depths]
     found = store.lookup_markers([markers.canonical(m) for m in deep])

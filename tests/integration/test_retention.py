@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from kvwatch.config.model import Retention
 from kvwatch.retention import prune_once
 from kvwatch.store.records import NewProbe, ProbeOutcome
+from tests.helpers.store import get_probe
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
@@ -44,7 +45,7 @@ def test_old_results_go_and_critical_ones_stay_longer(store):
     ancient_leak = add(store, eid, 20, "foreign_marker")
     deleted = prune_once(store, Retention(probes=86400, critical=10 * 86400), now=NOW)
     assert deleted == 2
-    assert store.get_probe(recent) is not None
-    assert store.get_probe(old_leak) is not None
-    assert store.get_probe(old_pass) is None
-    assert store.get_probe(ancient_leak) is None
+    assert get_probe(store, recent) is not None
+    assert get_probe(store, old_leak) is not None
+    assert get_probe(store, old_pass) is None
+    assert get_probe(store, ancient_leak) is None

@@ -29,6 +29,7 @@ from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.repository import Store
 from kvwatch.web.app import WebContext, create_app
+from tests.helpers.store import get_probe
 from tests.helpers.targets import config_for, sim_endpoint_entry, targets_and_runner
 
 UNDER, BASE, BISECT = ProbeKind.UNDER, ProbeKind.BASELINE, ProbeKind.BISECT
@@ -87,7 +88,7 @@ async def test_a_truncated_answer_names_the_served_window_and_two_probes_confirm
     assert record.advertised_tokens == WINDOW and record.probe_id == trigger.probe_id
     for step in steps:
         assert step.probe_id is not None
-        row = store.get_probe(step.probe_id)
+        row = get_probe(store, step.probe_id)
         assert row is not None and row.kind == "bisect"
         assert row.trigger_probe_id == trigger.probe_id
 
@@ -230,7 +231,7 @@ async def test_a_search_the_engine_cuts_short_hands_back_its_steps_and_stores_no
     reports = await runner.run_checked(target, UNDER)
     steps = [r for r in reports if r.kind is BISECT]
     assert [r.verdict for r in steps] == [Verdict.ERROR]
-    assert steps[0].probe_id is not None and store.get_probe(steps[0].probe_id) is not None
+    assert steps[0].probe_id is not None and get_probe(store, steps[0].probe_id) is not None
     assert store.served_windows("head") == {}
 
 

@@ -21,6 +21,7 @@ from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.errors import StoreUnavailable
 from kvwatch.store.repository import Store, WriteOp
+from tests.helpers.store import get_probe
 from tests.helpers.targets import config_for, sim_endpoint_entry, targets_and_runner
 
 SLOT = 1_700_000_040
@@ -98,7 +99,7 @@ async def test_a_scheduled_probe_takes_two_transactions(store, fleet, transactio
     assert [r.verdict for r in reports] == [Verdict.PASS]
     assert (transactions.begun, transactions.committed) == (2, 2)
     assert slot_row(store, "healthy", "over") == ("test-replica", True, reports[0].probe_id)
-    row = store.get_probe(reports[0].probe_id)
+    row = get_probe(store, reports[0].probe_id)
     assert row is not None and row.state is ProbeState.DONE and row.slot == SLOT
     # What planning settled after the row was begun is stored with the result.
     assert row.planned_prompt_tokens == reports[0].planned_prompt_tokens
@@ -147,11 +148,11 @@ async def test_a_result_buffered_in_an_outage_completes_its_slot_when_written(
     reports = await runner.run_slot(fleet.targets["healthy"], ProbeKind.OVER, SLOT)
     assert len(runner.results) == 1
     assert slot_row(store, "healthy", "over") == ("test-replica", False, None)
-    row = store.get_probe(reports[0].probe_id)
+    row = get_probe(store, reports[0].probe_id)
     assert row is not None and row.state is ProbeState.RUNNING
 
     monkeypatch.setattr(store, "finish_probe_op", finish)
     assert await runner.results.flush()
     assert slot_row(store, "healthy", "over") == ("test-replica", True, reports[0].probe_id)
-    row = store.get_probe(reports[0].probe_id)
+    row = get_probe(store, reports[0].probe_id)
     assert row is not None and row.state is ProbeState.DONE and row.verdict == "pass"

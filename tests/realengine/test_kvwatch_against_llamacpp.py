@@ -21,6 +21,7 @@ import pytest
 from kvwatch.canary.model import ProbeKind, Verdict
 from kvwatch.canary.sizing import AcceptanceRule, target_prompt_tokens
 from kvwatch.store.repository import Store
+from tests.helpers.store import get_probe
 from tests.realengine.probes import BASELINE_TOKENS, MAX_TOKENS, Rig, llamacpp_entry, probe_rig
 from tests.realengine.server import WINDOW
 
@@ -69,7 +70,7 @@ async def test_the_under_probe_passes_with_the_marker_recalled_and_every_token_r
     assert target.window == WINDOW  # discovered on first use
     assert report.planned_prompt_tokens == WINDOW - MAX_TOKENS
     assert report.reported_prompt_tokens == report.planned_prompt_tokens
-    row = rig.store.get_probe(report.probe_id)
+    row = get_probe(rig.store, report.probe_id)
     assert row is not None
     assert row.target_prompt_tokens == WINDOW - MAX_TOKENS
     # The boundary's other half: at this size the answer still gets all max_tokens.
@@ -85,7 +86,7 @@ async def test_the_over_probe_of_exactly_n_ctx_tokens_is_rejected_as_a_context_e
     assert report.verdict is Verdict.PASS, report.reason
     assert report.status == 400
     assert report.planned_prompt_tokens == WINDOW
-    row = rig.store.get_probe(report.probe_id)
+    row = get_probe(rig.store, report.probe_id)
     assert row is not None and row.error_body is not None
     error = json.loads(row.error_body)["error"]
     assert error["type"] == "exceed_context_size_error"

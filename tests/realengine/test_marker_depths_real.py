@@ -23,6 +23,7 @@ from kvwatch.canary.model import DepthOutcome, ProbeKind, Verdict
 from kvwatch.simulator.proxy import run_proxy
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.repository import Store
+from tests.helpers.store import get_probe
 from tests.realengine.probes import Rig, llamacpp_entry, probe_rig
 from tests.realengine.server import WINDOW
 
@@ -59,7 +60,7 @@ async def test_a_cut_tail_is_localised_as_tail_lost_from_the_real_models_answer(
     assert "tail lost (markers at 0.75 missing; 0.0 found): the engine kept the first ~5" in (
         report.reason
     )
-    row = rig.store.get_probe(report.probe_id)
+    row = get_probe(rig.store, report.probe_id)
     assert row is not None and [d.outcome for d in row.depths] == ["found", "missing"]
 
 

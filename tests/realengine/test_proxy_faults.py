@@ -18,6 +18,7 @@ from kvwatch.probe.model import ProbeReport, Target
 from kvwatch.simulator.proxy import run_proxy
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.repository import Store
+from tests.helpers.store import get_probe
 from tests.realengine.probes import Rig, llamacpp_entry, probe_rig
 from tests.realengine.server import WINDOW
 
@@ -118,7 +119,7 @@ async def test_accept_over_limit_turns_the_real_400_into_a_200(rig: Rig) -> None
     report = await rig.runner.run(rig.targets["accept_over_limit"], ProbeKind.OVER)
     assert report.verdict is Verdict.OVER_ACCEPTED, report.reason
     assert report.status == 200
-    row = rig.store.get_probe(report.probe_id)
+    row = get_probe(rig.store, report.probe_id)
     assert row is not None and row.answer_excerpt  # a real answer, not an empty body
 
 

@@ -19,6 +19,7 @@ from kvwatch.probe.chain import WINDOW_FAILURES
 from kvwatch.simulator.proxy import run_proxy
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.repository import Store
+from tests.helpers.store import get_probe
 from tests.realengine.probes import Rig, llamacpp_entry, probe_rig
 from tests.realengine.server import WINDOW
 
@@ -74,7 +75,7 @@ async def test_a_real_truncation_is_measured_at_the_pool_by_real_prefills(rig: R
     if under.reported_prompt_tokens == POOL:
         assert (record.served_tokens, record.exact) == (POOL, True)
     for step in steps:
-        row = rig.store.get_probe(step.probe_id or 0)
+        row = get_probe(rig.store, step.probe_id or 0)
         assert row is not None and row.trigger_probe_id == under.probe_id
 
 

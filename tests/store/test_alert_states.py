@@ -11,7 +11,7 @@ import pytest
 
 from kvwatch.canary.model import ProbeState
 from kvwatch.store import AlertStateRecord, NewProbe, ProbeOutcome, StoreError
-from tests.helpers.store import Store
+from tests.helpers.store import Store, get_probe
 
 NewProbeFactory = Callable[..., NewProbe]
 OutcomeFactory = Callable[..., ProbeOutcome]
@@ -58,7 +58,7 @@ def test_a_failed_alert_write_leaves_the_probe_running(
     broken = firing(probe_id + 1000)
     with pytest.raises(StoreError, match=f"could not finish probe {probe_id}"):
         store.finish_probe(probe_id, make_outcome("foreign_marker"), [broken])
-    row = store.get_probe(probe_id)
+    row = get_probe(store, probe_id)
     assert row is not None
     assert (row.state, row.verdict, row.finished_at) == (ProbeState.RUNNING, None, None)
     assert store.load_alert_states() == []

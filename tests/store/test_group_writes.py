@@ -14,7 +14,7 @@ from kvwatch.canary.model import ProbeState
 from kvwatch.store.errors import StoreError, StoreUnavailable
 from kvwatch.store.repository import WriteOp
 from kvwatch.store.writer import GroupWriter
-from tests.helpers.store import Store
+from tests.helpers.store import Store, get_probe
 from tests.store.conftest import NewProbeFactory, outcome
 
 
@@ -61,9 +61,9 @@ def test_a_group_of_probe_writes_is_one_commit(store: Store, new_probe: NewProbe
     assert isinstance(results[0], int) and results[1] is None
     assert isinstance(results[2], int) and isinstance(results[3], int)
     for probe_id in (results[0], results[2], results[3]):
-        row = store.get_probe(probe_id)
+        row = get_probe(store, probe_id)
         assert row is not None and row.state is ProbeState.RUNNING
-    done = store.get_probe(first)
+    done = get_probe(store, first)
     assert done is not None and done.state is ProbeState.DONE
 
 
@@ -81,7 +81,7 @@ def test_a_refused_write_fails_alone_and_the_rest_of_its_group_is_written(
     )
     assert isinstance(results[0], StoreError) and "not running" in str(results[0])
     assert isinstance(results[1], int)
-    row = store.get_probe(probe_id)
+    row = get_probe(store, probe_id)
     assert row is not None and row.verdict == "pass"
 
 
@@ -94,7 +94,7 @@ def test_a_group_that_lost_a_deadlock_is_retried_write_by_write(
     results = store.write_group([store.begin_probe_op(new_probe(endpoint="a")), _failing("40P01")])
     assert isinstance(results[0], int)
     assert isinstance(results[1], StoreUnavailable)
-    assert store.get_probe(results[0]) is not None
+    assert get_probe(store, results[0]) is not None
 
 
 def test_an_unreachable_database_fails_the_whole_group_at_once(

@@ -10,7 +10,7 @@ from kvwatch.store import create_engine_for
 from kvwatch.store.migrate import downgrade_engine, upgrade_engine
 from kvwatch.store.models import Marker
 from kvwatch.store.records import DepthEvidence
-from tests.helpers.store import Store
+from tests.helpers.store import Store, get_probe
 from tests.store.conftest import NewProbeFactory, insert_old_rows, outcome
 
 
@@ -24,7 +24,7 @@ def test_a_running_probe_shows_its_planted_markers_unjudged(
     """begin_probe writes each depth's marker with no outcome yet, and issues all three."""
     placed = _placements()
     pid = store.begin_probe(new_probe(marker=placed[0].marker, placements=placed))
-    row = store.get_probe(pid)
+    row = get_probe(store, pid)
     assert row is not None
     assert row.depths == tuple(DepthEvidence(p.depth, p.marker, None) for p in placed)
     with store.engine.connect() as c:
@@ -45,14 +45,14 @@ def test_finishing_stores_each_outcome_and_an_unanswered_probe_keeps_the_plan(
     ]
     pid = store.begin_probe(new_probe(marker=placed[0].marker, placements=placed))
     store.finish_probe(pid, outcome("marker_missing", marker_found=False, depths=judged))
-    row = store.get_probe(pid)
+    row = get_probe(store, pid)
     assert row is not None
     assert [d.outcome for d in row.depths] == ["missing", "found", "found"]
 
     other = _placements()
     pid = store.begin_probe(new_probe(marker=other[0].marker, placements=other))
     store.finish_probe(pid, outcome("error", marker_found=None))
-    row = store.get_probe(pid)
+    row = get_probe(store, pid)
     assert row is not None and [d.outcome for d in row.depths] == [None, None, None]
 
 
@@ -65,7 +65,7 @@ def test_a_probe_written_whole_keeps_its_judged_depths(
     pid = store.record_probe(
         new_probe(marker=placed[0].marker, placements=placed), outcome(depths=judged)
     )
-    row = store.get_probe(pid)
+    row = get_probe(store, pid)
     assert row is not None and [d.outcome for d in row.depths] == ["found"] * 3
     assert set(store.lookup_markers([canonical(p.marker) for p in placed])) == {
         canonical(p.marker) for p in placed
@@ -76,7 +76,7 @@ def test_a_single_marker_probe_has_no_depth_list(store: Store, new_probe: NewPro
     """The usual probe is stored exactly as before: depth_outcomes stays NULL."""
     pid = store.begin_probe(new_probe())
     store.finish_probe(pid, outcome())
-    row = store.get_probe(pid)
+    row = get_probe(store, pid)
     assert row is not None and row.depths == ()
 
 

@@ -10,7 +10,7 @@ import pytest
 from kvwatch.canary.markers import canonical
 from kvwatch.canary.model import ForeignMarker, ProbeState
 from kvwatch.store import NewProbe, ProbeOutcome, StoreError
-from tests.helpers.store import Store
+from tests.helpers.store import Store, get_probe
 
 NewProbeFactory = Callable[..., NewProbe]
 OutcomeFactory = Callable[..., ProbeOutcome]
@@ -22,7 +22,7 @@ def test_a_begun_probe_is_stored_running_with_every_planned_field(
     """begin_probe stores the plan as a running row and returns its id."""
     p = new_probe(kind="over", marker_depth=0.25, streamed=False, token_source="hf:/t.json")
     probe_id = store.begin_probe(p)
-    row = store.get_probe(probe_id)
+    row = get_probe(store, probe_id)
     assert row is not None
     assert row.id == probe_id
     assert row.state is ProbeState.RUNNING
@@ -70,7 +70,7 @@ def test_a_finished_probe_keeps_every_evidence_field_exactly(
     )
     store.finish_probe(probe_id, result)
 
-    row = store.get_probe(probe_id)
+    row = get_probe(store, probe_id)
     assert row is not None
     assert row.state is ProbeState.DONE
     assert row.verdict == "foreign_marker"
@@ -90,7 +90,7 @@ def test_a_finished_probe_keeps_every_evidence_field_exactly(
 
 def test_an_unknown_probe_id_reads_as_none(store: Store) -> None:
     """get_probe of an id never issued returns None rather than raising."""
-    assert store.get_probe(987654) is None
+    assert get_probe(store, 987654) is None
 
 
 def test_issued_markers_are_found_by_canonical_form(
@@ -136,14 +136,14 @@ def test_an_interrupted_probe_cannot_be_finished(
     """A row marked interrupted (its replica presumed dead) refuses a late result."""
     probe_id = store.begin_probe(new_probe())
     assert store.interrupt_running(reason="replica restarted") == 1
-    row = store.get_probe(probe_id)
+    row = get_probe(store, probe_id)
     assert row is not None
     assert row.state is ProbeState.INTERRUPTED
     assert row.reason == "replica restarted"
     assert row.finished_at is not None and row.finished_at.tzinfo is not None
     with pytest.raises(StoreError, match=f"probe {probe_id}: it is interrupted, not running"):
         store.finish_probe(probe_id, make_outcome())
-    after = store.get_probe(probe_id)
+    after = get_probe(store, probe_id)
     assert after is not None and after.verdict is None
 
 
@@ -157,7 +157,7 @@ def test_a_probe_cannot_be_finished_twice_or_before_it_exists(
         store.finish_probe(probe_id, make_outcome("error"))
     with pytest.raises(StoreError, match="no such probe"):
         store.finish_probe(probe_id + 1000, make_outcome())
-    row = store.get_probe(probe_id)
+    row = get_probe(store, probe_id)
     assert row is not None and row.verdict == "pass"
 
 
@@ -175,7 +175,7 @@ def test_interrupting_selects_by_replica_or_by_id(
     assert store.interrupt_running(probe_ids=[], reason="nothing") == 0
     assert store.interrupt_running(probe_ids=[b0, done], reason="shutdown") == 1
     assert store.interrupt_running("a", reason="replica a restarted") == 2
-    states = {pid: store.get_probe(pid) for pid in (a0, a1, b0, b1, done)}
+    states = {pid: get_probe(store, pid) for pid in (a0, a1, b0, b1, done)}
     assert {pid: r.state for pid, r in states.items() if r} == {
         a0: ProbeState.INTERRUPTED,
         a1: ProbeState.INTERRUPTED,

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from kvwatch.canary.markers import canonical
 from kvwatch.store import AlertStateRecord, NewProbe, ProbeOutcome
-from tests.helpers.store import Store
+from tests.helpers.store import Store, get_probe
 
 NewProbeFactory = Callable[..., NewProbe]
 OutcomeFactory = Callable[..., ProbeOutcome]
@@ -58,7 +58,7 @@ def test_prune_deletes_old_results_and_their_markers_only(
     issued = [canonical(p.marker) for p in probes.values()] + [canonical(confirmation.marker)]
     found = store.lookup_markers(issued)
     assert {m.probe_id for m in found.values()} == remaining
-    kept_confirmation = store.get_probe(ids["confirmation"])
+    kept_confirmation = get_probe(store, ids["confirmation"])
     assert kept_confirmation is not None and kept_confirmation.confirms_probe_id is None
     assert store.load_alert_states()[0].last_probe_id is None
     assert store.prune(t0 - timedelta(days=30), keep_verdicts=["foreign_marker"]) == 0

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from kvwatch.store import NewProbe, ProbeOutcome
 from kvwatch.store.models import Endpoint
 from kvwatch.store.queries import HistoryQueries
-from tests.helpers.store import Store
+from tests.helpers.store import Store, latest_per_endpoint
 
 NewProbeFactory = Callable[..., NewProbe]
 OutcomeFactory = Callable[..., ProbeOutcome]
@@ -87,7 +87,7 @@ def test_latest_per_endpoint_gives_the_newest_finished_probe_per_kind(
     store.interrupt_running(probe_ids=[interrupted], reason="shutdown")
     store.begin_probe(new_probe(endpoint="c", kind="baseline"))  # never finished
 
-    latest = store.latest_per_endpoint()
+    latest = latest_per_endpoint(store)
     assert {key: row.id for key, row in latest.items()} == {
         ("a", "under"): new,
         ("a", "over"): over,

@@ -14,7 +14,7 @@ from kvwatch.store import AlertStateRecord, NewProbe, ProbeOutcome
 from kvwatch.store.engine import create_engine_for
 from kvwatch.store.migrate import downgrade_engine, upgrade_engine
 from kvwatch.store.queries import HistoryQueries, ProbeFilter
-from tests.helpers.store import Store
+from tests.helpers.store import Store, get_probe
 from tests.store.conftest import insert_old_rows
 
 NewProbeFactory = Callable[..., NewProbe]
@@ -143,7 +143,7 @@ def test_a_takeover_interrupts_the_dead_replicas_probe_in_its_region_only(
     alive = us.begin_probe(replace(probe, replica="us-0", marker="KVW-DDDD-EEEE-FFFF"))
     clock.now += timedelta(seconds=11)
     assert eu.claim_slot("ep", "under", 1000, "eu-1", ttl=60)
-    dead_row, alive_row = eu.get_probe(dead), us.get_probe(alive)
+    dead_row, alive_row = get_probe(eu, dead), get_probe(us, alive)
     assert dead_row is not None and dead_row.state is ProbeState.INTERRUPTED
     assert alive_row is not None and alive_row.state is ProbeState.RUNNING
 
@@ -238,7 +238,7 @@ def test_upgrading_from_0004_keeps_every_row_and_keys_them_on_region(db_url: str
             ["alertname", "endpoint", "probe", "region"]
         ]
         solo = Store(engine, now=Clock())
-        row = solo.get_probe(7)
+        row = get_probe(solo, 7)
         assert row is not None and (row.verdict, row.slot, row.region) == ("pass", 1000, None)
         [state] = solo.load_alert_states()
         assert (state.alertname, state.state, state.last_probe_id) == (

@@ -13,7 +13,7 @@ from kvwatch.store import NewProbe, ProbeOutcome
 from kvwatch.store.engine import create_engine_for
 from kvwatch.store.migrate import upgrade_engine
 from kvwatch.store.records import ServedWindowRecord
-from tests.helpers.store import Store
+from tests.helpers.store import Store, get_probe
 from tests.store.conftest import insert_old_rows
 
 NewProbeFactory = Callable[..., NewProbe]
@@ -71,7 +71,7 @@ def test_a_bisect_probe_keeps_its_trigger_and_the_search_starts_at_the_last_pass
         new_probe(kind="bisect", planned_prompt_tokens=681_280, trigger_probe_id=trigger),
         "pass",
     )
-    row = store.get_probe(step)
+    row = get_probe(store, step)
     assert row is not None and (row.kind, row.trigger_probe_id) == ("bisect", trigger)
     assert store.last_passing_size("glm-prod", ["baseline"], below=1_048_544) == 1_536
     assert store.last_passing_size("glm-prod", ["baseline"], below=1_536) is None
@@ -124,7 +124,7 @@ def test_upgrading_to_0007_keeps_markers_and_links_to_probes(db_url: str) -> Non
         assert set(store.lookup_markers([canonical("KVW-AAAA-BBBB-CCCC")])) == {
             canonical("KVW-AAAA-BBBB-CCCC")
         }
-        row = store.get_probe(8)
+        row = get_probe(store, 8)
         assert row is not None and (row.confirms_probe_id, row.trigger_probe_id) == (7, None)
         with engine.connect() as c:
             assert c.execute(text("SELECT count(*) FROM markers")).scalar() == 2

@@ -8,7 +8,7 @@ from kvwatch.canary.model import ProbeState
 from kvwatch.store.engine import create_engine_for
 from kvwatch.store.migrate import upgrade_engine
 from kvwatch.store.records import NewProbe
-from tests.helpers.store import Store
+from tests.helpers.store import Store, get_probe
 
 
 class Clock:
@@ -77,7 +77,7 @@ def test_an_expired_claim_is_taken_over_and_the_dead_replicas_probe_interrupted(
     assert store.expired_slots(0) == [("ep", "under", 1000)]
     assert store.expired_slots(1001) == []
     assert store.claim_slot("ep", "under", 1000, "b", ttl=60)
-    row = store.get_probe(dead)
+    row = get_probe(store, dead)
     assert row is not None and row.state is ProbeState.INTERRUPTED and row.slot == 1000
     assert not store.claim_slot("ep", "under", 1000, "c", ttl=60)
 
@@ -132,7 +132,7 @@ def test_claim_and_begin_writes_the_row_only_for_the_replica_that_wins(db_url):
     clock.now += timedelta(seconds=61)
     taken = store.claim_and_begin(running_probe(eid, "b", "KVW-DDDD-EEEE-FFFF", clock.now), 60)
     assert taken is not None and taken != dead
-    dead_row, new_row = store.get_probe(dead), store.get_probe(taken)
+    dead_row, new_row = get_probe(store, dead), get_probe(store, taken)
     assert dead_row is not None and dead_row.state is ProbeState.INTERRUPTED
     assert new_row is not None and new_row.state is ProbeState.RUNNING and new_row.replica == "b"
     assert store.expired_slots(0) == []

@@ -12,7 +12,7 @@ from kvwatch.store import ProbeOutcome
 from kvwatch.store.migrate import downgrade_engine, upgrade_engine
 from kvwatch.store.queries import HistoryQueries, ProbeFilter
 from kvwatch.store.records import foreign_marker_from_json, foreign_marker_to_json
-from tests.helpers.store import Store
+from tests.helpers.store import Store, get_probe
 from tests.store.test_regions import T0, probe_on
 
 ACME_MARKER = "KVW-AAAA-BBBB-CCCC"
@@ -50,7 +50,7 @@ def test_a_probe_keeps_its_tenant_and_its_cross_tenant_evidence(store: Store) ->
             foreign_markers=[leak],
         ),
     )
-    row = store.get_probe(victim)
+    row = get_probe(store, victim)
     assert row is not None
     assert row.tenant == "globex"
     assert row.foreign_markers == (leak,)

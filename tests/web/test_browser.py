@@ -24,7 +24,7 @@ from kvwatch.simulator.server import run_simulator
 from kvwatch.store import NewProbe, ProbeOutcome
 from kvwatch.web.app import WebContext, create_app
 from kvwatch.web.server import embedded_server
-from tests.helpers.store import Store
+from tests.helpers.store import Store, get_probe
 from tests.helpers.targets import config_for, sim_endpoint_entry, targets_and_runner
 
 CHROMIUM = "/usr/bin/chromium"
@@ -105,7 +105,7 @@ async def test_an_operator_clicks_from_the_overview_to_a_leaks_evidence(
     _browser_or_skip()
     from playwright.async_api import async_playwright
 
-    leak = store.get_probe(probed["stale-kv"][ProbeKind.UNDER])
+    leak = get_probe(store, probed["stale-kv"][ProbeKind.UNDER])
     assert leak is not None and leak.verdict == Verdict.FOREIGN_MARKER
     source = probed["stale-kv"][ProbeKind.BASELINE]
     SHOTS.mkdir(parents=True, exist_ok=True)
