@@ -92,7 +92,7 @@ def test_migration_0008_adds_depth_outcomes_to_old_rows_as_null_and_drops_it_bac
         with engine.begin() as c:
             insert_old_rows(c, tables, {"id": 7})
         upgrade_engine(engine, "0008")
-        row = Store(engine).get_probe(7)
+        row = get_probe(Store(engine), 7)
         assert row is not None and row.depths == () and row.verdict == "pass"
         downgrade_engine(engine, "0005")
         columns = {c["name"] for c in inspect(engine).get_columns("probes")}

@@ -167,7 +167,7 @@ def test_each_probe_records_its_region_and_history_filters_by_it(
         else:
             ids[region] = store.begin_probe(probe)
     for region, probe_id in ids.items():
-        row = stores[region].get_probe(probe_id)
+        row = get_probe(stores[region], probe_id)
         assert row is not None and row.region == region
     history = HistoryQueries(stores[None])
     assert [p.id for p in history.probes(ProbeFilter(region="eu")).probes] == [ids["eu"]]
