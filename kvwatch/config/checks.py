@@ -12,6 +12,8 @@ from kvwatch.canary.planning import ANSWER_TOKENS_PER_CODE
 from kvwatch.config.durations import format_duration
 from kvwatch.config.expand import KeyPath
 from kvwatch.config.model import Config
+from kvwatch.config.resolve import EndpointSpec, resolve_settings
+from kvwatch.config.sections import EndpointSettings
 
 Problem = tuple[KeyPath, str]
 
@@ -39,59 +41,76 @@ def cross_field_problems(config: Config) -> list[Problem]:
         if endpoint.name in seen:
             problems.append(((*here, "name"), f'duplicate endpoint name "{endpoint.name}"'))
         seen.add(endpoint.name)
-        if config.region is not None and "region" in endpoint.labels:
-            # The region label is kvwatch's in multi-region mode; a static one would hide
-            # which region saw the failure.
-            problems.append(
-                ((*here, "labels", "region"), "is reserved: kvwatch sets it when region is set")
-            )
+        problems.extend(_settings_problems(config, here, endpoint, spec))
+    for index, source in enumerate(config.discovery):
+        # A template is checked as the endpoints it will make: its clashes are found at
+        # load time, not at the first refresh.
+        template = source.template
+        spec = resolve_settings(
+            template, config.defaults, name=source.name, url="http://template", model="template"
+        )
+        problems.extend(_settings_problems(config, ("discovery", index, "template"), template, spec))
+    return problems
 
-        if endpoint.tenants:
-            # The cross-tenant alert names both tenants in these labels; a static one would
-            # hide whose data leaked where.
-            for label in ("source_tenant", "tenant"):
-                if label in endpoint.labels:
-                    problems.append(
-                        (
-                            (*here, "labels", label),
-                            "is reserved: kvwatch sets it on cross-tenant alerts when tenants "
-                            "are set",
-                        )
-                    )
 
-        # A clash that comes only from `defaults` is reported once, above, not per endpoint.
-        if spec.jitter_seconds >= spec.interval_seconds:
-            if endpoint.jitter is not None:
+def _settings_problems(
+    config: Config, here: KeyPath, endpoint: EndpointSettings, spec: EndpointSpec
+) -> list[Problem]:
+    """What is wrong with one endpoint's (or template's) settings once merged with defaults."""
+    problems: list[Problem] = []
+    if config.region is not None and "region" in endpoint.labels:
+        # The region label is kvwatch's in multi-region mode; a static one would hide
+        # which region saw the failure.
+        problems.append(
+            ((*here, "labels", "region"), "is reserved: kvwatch sets it when region is set")
+        )
+
+    if endpoint.tenants:
+        # The cross-tenant alert names both tenants in these labels; a static one would
+        # hide whose data leaked where.
+        for label in ("source_tenant", "tenant"):
+            if label in endpoint.labels:
                 problems.append(
                     (
-                        (*here, "jitter"),
-                        _jitter_sentence(spec.jitter_seconds, spec.interval_seconds),
-                    )
-                )
-            elif endpoint.interval is not None:
-                problems.append(
-                    (
-                        (*here, "interval"),
-                        f"must be longer than the jitter {format_duration(spec.jitter_seconds)}"
-                        f" (got {format_duration(spec.interval_seconds)})",
+                        (*here, "labels", label),
+                        "is reserved: kvwatch sets it on cross-tenant alerts when tenants "
+                        "are set",
                     )
                 )
 
-        # As with the jitter, a clash that comes only from `defaults` is reported above.
-        own = endpoint.max_tokens is not None or endpoint.marker_depths is not None
-        if own and _answer_too_short(spec.max_tokens, len(spec.marker_depths)):
-            key = "max_tokens" if endpoint.max_tokens is not None else "marker_depths"
-            problems.append(((*here, key), _room_sentence(spec.max_tokens, spec.marker_depths)))
-
-        window = spec.context_window
-        if window is not None and spec.baseline_tokens + spec.max_tokens > window:
+    # A clash that comes only from `defaults` is reported once, above, not per endpoint.
+    if spec.jitter_seconds >= spec.interval_seconds:
+        if endpoint.jitter is not None:
             problems.append(
                 (
-                    (*here, "context_window"),
-                    f"{window} tokens cannot hold the baseline prompt of {spec.baseline_tokens}"
-                    f" tokens plus max_tokens {spec.max_tokens}",
+                    (*here, "jitter"),
+                    _jitter_sentence(spec.jitter_seconds, spec.interval_seconds),
                 )
             )
+        elif endpoint.interval is not None:
+            problems.append(
+                (
+                    (*here, "interval"),
+                    f"must be longer than the jitter {format_duration(spec.jitter_seconds)}"
+                    f" (got {format_duration(spec.interval_seconds)})",
+                )
+            )
+
+    # As with the jitter, a clash that comes only from `defaults` is reported above.
+    own = endpoint.max_tokens is not None or endpoint.marker_depths is not None
+    if own and _answer_too_short(spec.max_tokens, len(spec.marker_depths)):
+        key = "max_tokens" if endpoint.max_tokens is not None else "marker_depths"
+        problems.append(((*here, key), _room_sentence(spec.max_tokens, spec.marker_depths)))
+
+    window = spec.context_window
+    if window is not None and spec.baseline_tokens + spec.max_tokens > window:
+        problems.append(
+            (
+                (*here, "context_window"),
+                f"{window} tokens cannot hold the baseline prompt of {spec.baseline_tokens}"
+                f" tokens plus max_tokens {spec.max_tokens}",
+            )
+        )
     return problems
 
 
