@@ -49,7 +49,9 @@ def cross_field_problems(config: Config) -> list[Problem]:
         spec = resolve_settings(
             template, config.defaults, name=source.name, url="http://template", model="template"
         )
-        problems.extend(_settings_problems(config, ("discovery", index, "template"), template, spec))
+        problems.extend(
+            _settings_problems(config, ("discovery", index, "template"), template, spec)
+        )
     return problems
 
 
@@ -73,8 +75,7 @@ def _settings_problems(
                 problems.append(
                     (
                         (*here, "labels", label),
-                        "is reserved: kvwatch sets it on cross-tenant alerts when tenants "
-                        "are set",
+                        "is reserved: kvwatch sets it on cross-tenant alerts when tenants are set",
                     )
                 )
 

@@ -69,8 +69,8 @@ class Gateway(_Strict):
     api: GatewayApi
     refresh_interval: Duration = 60.0
     # Model-name globs (fnmatch); an empty include takes every model.
-    include: list[NonBlank] = []
-    exclude: list[NonBlank] = []
+    include: list[NonBlank] = []  # noqa: RUF012 (pydantic copies field defaults)
+    exclude: list[NonBlank] = []  # noqa: RUF012 (pydantic copies field defaults)
 
 
 class DiscoverySource(_Strict):
