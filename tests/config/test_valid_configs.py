@@ -71,6 +71,7 @@ def test_it_loads_the_reference_example_at_the_repository_root() -> None:
     """kvwatch.example.yaml, which documents every key, is itself a valid configuration."""
     config = load_config(REPO / "kvwatch.example.yaml", env={"GLM_API_KEY": "sk-glm"})
     assert [spec.name for spec in config.resolved_endpoints()] == ["glm-prod", "llama-local"]
+    assert [source.name for source in config.discovery] == ["fleet"]
 
 
 def test_it_uses_the_named_defaults_for_everything_left_out() -> None:
