@@ -327,12 +327,13 @@ class Daemon:
         )
         self.config = new.model_copy(update={key: getattr(self.config, key) for key in fixed})
         if sources_changed and self._discovery is not None:
-            # Sources removed or changed drop their lists; the next apply retires what they
-            # found, and a changed source's first fetch brings its endpoints back.
+            # A removed source's endpoints are retired by this second apply; a new or
+            # changed source has been fetched once already, so its list applies now.
             await self._discovery.replace(self._sources(self.config))
-            ok, summary = await self._apply(self.config.resolved_endpoints())
+            ok, sources = await self._apply(self.config.resolved_endpoints())
             if not ok:
-                return False, summary
+                return False, sources
+            summary += f"; with the discovery sources now: {sources}"
         if fixed:
             summary += f"; restart to apply changes to: {', '.join(fixed)}"
         return True, summary
@@ -364,7 +365,9 @@ class Daemon:
         except StoreError as exc:
             return False, f"could not register endpoints: {exc}"
         for name in removed:
-            await _retire(built, scheduler, old[name].spec, _removal_reason(old[name].spec))
+            await _retire(
+                built, scheduler, old[name].spec, _removal_reason(old[name].spec, self.config)
+            )
         for target in fresh:
             previous = old.get(target.spec.name)
             if previous is not None:
@@ -493,10 +496,13 @@ def _start_loops(
     stack.push_async_callback(_cancel, pruning)
 
 
-def _removal_reason(spec: EndpointSpec) -> str:
-    """Why ``spec`` is no longer probed: said on the alerts its removal resolves."""
+def _removal_reason(spec: EndpointSpec, config: Config) -> str:
+    """Why ``spec`` is no longer probed (``config``: the configuration now applied): said on
+    the alerts its removal resolves."""
     if spec.source is None:
         return "the endpoint was removed from the configuration"
+    if spec.source not in {source.name for source in config.discovery}:
+        return f"discovery source {spec.source} was removed from the configuration"
     return f"discovery source {spec.source} no longer lists the endpoint"
 
 

@@ -9,7 +9,6 @@ the static endpoints through the same path as a configuration reload.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 
@@ -87,20 +86,22 @@ class DiscoveryLoop:
         self._tasks = []
 
     async def replace(self, sources: Sequence[Source]) -> None:
-        """Follow ``sources`` instead (a reload). A source whose configuration is unchanged
-        keeps its list; a new or changed one starts empty until its first fetch."""
+        """Follow ``sources`` instead (a reload). A new or changed source is fetched at once,
+        so the caller applies its list straight away; until that works, a changed source
+        keeps the list it had (its endpoints are not dropped only to come back). A source no
+        longer configured is forgotten."""
         await self.stop()
-        unchanged = {
-            s.name
-            for s in sources
-            for old in self._sources
-            if (s.name, s.config, s.defaults) == (old.name, old.config, old.defaults)
-        }
+        # A list, not a set: the configuration models hold lists and do not hash.
+        before = [(s.name, s.config, s.defaults) for s in self._sources]
+        names = {s.name for s in sources}
         for old in self._sources:
-            if old.name not in {s.name for s in sources}:
+            if old.name not in names:
                 self._metrics.forget(old.name)
-        self._lists = {name: specs for name, specs in self._lists.items() if name in unchanged}
+        self._lists = {name: specs for name, specs in self._lists.items() if name in names}
         self._sources = list(sources)
+        for source in sources:
+            if (source.name, source.config, source.defaults) not in before:
+                await self.refresh(source)
         self.start()
 
     async def _follow(self, source: Source) -> None:
@@ -111,8 +112,3 @@ class DiscoveryLoop:
                 except Exception as exc:  # the loop must outlive one failed apply
                     log.error("discovery_apply_failed", source=source.name, error=str(exc))
             await asyncio.sleep(source.poll_seconds)
-
-
-async def stop_loop(loop: DiscoveryLoop) -> None:
-    with contextlib.suppress(asyncio.CancelledError):
-        await loop.stop()

@@ -8,13 +8,14 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import yaml
 
 from kvwatch.alerting.evaluator import RESOLVED_REASON
-from kvwatch.config import parse_config
+from kvwatch.config import load_config, parse_config
 from kvwatch.daemon import Daemon
 from kvwatch.simulator.server import RunningSimulator, run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
@@ -48,7 +49,11 @@ async def eventually(what: str, check: Callable[[], T | None], timeout: float = 
 
 
 @contextlib.asynccontextmanager
-async def daemon(sim: RunningSimulator, db_url: str) -> AsyncIterator[Daemon]:
+async def daemon(
+    sim: RunningSimulator, db_url: str, path: Path | None = None
+) -> AsyncIterator[Daemon]:
+    """The daemon on an http_sd source listing ``sim``'s endpoints; with ``path``, its
+    configuration is written there so that it can be reloaded."""
     doc: dict[str, Any] = {
         "database": db_url,
         "listen": f"127.0.0.1:{free_port()}",
@@ -67,7 +72,12 @@ async def daemon(sim: RunningSimulator, db_url: str) -> AsyncIterator[Daemon]:
             }
         ],
     }
-    running = Daemon(parse_config(yaml.safe_dump(doc), source="<test>"), grace_seconds=5)
+    if path is None:
+        config = parse_config(yaml.safe_dump(doc), source="<test>")
+    else:
+        await asyncio.to_thread(path.write_text, yaml.safe_dump(doc))
+        config = await asyncio.to_thread(load_config, path)
+    running = Daemon(config, config_path=path, grace_seconds=5)
     task = asyncio.create_task(running.run())
     try:
         yield running
@@ -134,5 +144,57 @@ async def test_a_discovered_endpoint_is_probed_and_dropping_it_resolves_its_aler
             kept = observed.get_probe(alert.last_probe_id)
             assert kept is not None and kept.endpoint == "leaky"
             assert len(observed.list_probes(endpoint="fine", limit=1000)) > fine
+    finally:
+        engine.dispose()
+
+
+async def test_a_reload_that_removes_the_source_retires_its_endpoints_and_a_new_one_applies_at_once(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Reload: the removed source's endpoints go (their alerts say the source was removed);
+    a new source is fetched during the reload, its endpoints in the reload's answer."""
+    engine = create_engine_for(db_url)
+    observed = Store(engine)
+    path = tmp_path / "kvwatch.yaml"
+    try:
+        async with (
+            run_simulator(FLEET) as sim,
+            daemon(sim, db_url, path=path) as running,
+        ):
+            alert = await eventually("a firing alert on leaky", lambda: firing(observed, "leaky"))
+            doc = yaml.safe_load(await asyncio.to_thread(path.read_text))
+            doc["discovery"][0]["name"] = "gw"
+            doc["discovery"][0]["http_sd"] = None
+            doc["discovery"][0]["gateway"] = {
+                "url": f"{sim.base_url}/_gateway/v1",
+                "api": "openai",
+            }
+            doc["discovery"][0]["template"]["probes"] = ["baseline"]
+            await asyncio.to_thread(path.write_text, yaml.safe_dump(doc))
+
+            ok, summary = await running.reload()
+            assert ok, summary
+            assert summary.endswith(
+                "with the discovery sources now: 1 endpoints: 1 added, 0 changed, 2 removed"
+            )
+
+            def retired() -> AlertStateRecord | None:
+                return next(
+                    (
+                        s
+                        for s in observed.load_alert_states()
+                        if (s.alertname, s.endpoint) == (alert.alertname, "leaky")
+                        and s.state == "resolved"
+                    ),
+                    None,
+                )
+
+            gone = await eventually("leaky's alert resolved", retired, timeout=10)
+            assert gone.annotations[RESOLVED_REASON] == (
+                "discovery source sim was removed from the configuration"
+            )
+            await eventually(
+                "the gateway's model probed", lambda: observed.list_probes(endpoint="gw-sim-1")
+            )
     finally:
         engine.dispose()
