@@ -95,12 +95,16 @@ def parse_models(api: GatewayApi, text: str | bytes) -> list[ListedModel]:
     - ``openai``: ``GET /v1/models`` → ``{"data": [{"id", "max_model_len"?}]}``; vLLM's
       ``ModelCard`` and SGLang add ``max_model_len`` (vllm/entrypoints/openai/protocol.py),
       plain OpenAI-compatible gateways omit it.
-    - ``litellm``: ``GET /model/info`` → ``{"data": [{"model_name", "model_info":
-      {"max_input_tokens"?}}]}`` (LiteLLM proxy, "Model Management"); one ``model_name`` may
-      appear once per deployment, and is listed once.
+    - ``litellm``: ``GET /model/info`` → ``{"data": [{"model_name", "litellm_params",
+      "model_info": {"max_input_tokens"?}}]}`` (BerriAI/litellm,
+      docs/my-website/docs/proxy/model_management.md, "Get Model Information - /model/info":
+      model_info is the configured one merged with LiteLLM's cost map, so the field is null
+      for a model the map lacks); one ``model_name`` appears once per deployment, and is
+      listed once.
     - ``openrouter``: ``GET /api/v1/models`` → ``{"data": [{"id", "context_length",
-      "top_provider": {"context_length"}}]}`` (openrouter.ai/docs, "List available models");
-      the top provider's figure is what a request is routed to, so it wins.
+      "top_provider": {"context_length"?, "max_completion_tokens", "is_moderated"}}]}``
+      (https://openrouter.ai/docs/api-reference/list-available-models); the top provider's
+      figure is the one a request is routed to, so it wins when given.
     """
     try:
         data = json.loads(text)
