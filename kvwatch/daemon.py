@@ -338,11 +338,13 @@ class Daemon:
             summary += f"; restart to apply changes to: {', '.join(fixed)}"
         return True, summary
 
-    async def _discovered(self) -> None:
-        """A discovery source's list changed: apply it as a reload would."""
+    async def _discovered(self) -> bool:
+        """A discovery source's list changed: apply it as a reload would; False if that
+        failed (the loop tries again)."""
         async with self._reload_lock:
             ok, summary = await self._apply(self.config.resolved_endpoints())
         (log.info if ok else log.error)("discovery_applied", ok=ok, result=summary)
+        return ok
 
     async def _apply(self, static: Sequence[EndpointSpec]) -> tuple[bool, str]:
         """Probe exactly ``static`` and what the discovery sources list now: the one path by

@@ -3,7 +3,9 @@
 A failed refresh (source down, bad list) is logged and counted and changes nothing: the
 endpoints found before go on being probed, as Prometheus keeps its last good target list.
 When a list changes, ``on_change`` is called; the daemon then merges every source's list with
-the static endpoints through the same path as a configuration reload.
+the static endpoints through the same path as a configuration reload. It returns whether that
+worked: one that did not (the database was down) is tried again at the next poll, since the
+list itself will not change to prompt it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class DiscoveryLoop:
         self,
         sources: Sequence[Source],
         *,
-        on_change: Callable[[], Awaitable[object]],
+        on_change: Callable[[], Awaitable[bool]],
         metrics: DiscoveryMetrics,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -36,6 +38,7 @@ class DiscoveryLoop:
         self._clock = clock
         self._lists: dict[str, list[EndpointSpec]] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._unapplied = False
 
     def endpoints(self) -> list[EndpointSpec]:
         """Every source's last good list, in the order the sources are configured."""
@@ -106,9 +109,10 @@ class DiscoveryLoop:
 
     async def _follow(self, source: Source) -> None:
         while True:
-            if await self.refresh(source):
+            if await self.refresh(source) or self._unapplied:
                 try:
-                    await self._on_change()
+                    self._unapplied = not await self._on_change()
                 except Exception as exc:  # the loop must outlive one failed apply
                     log.error("discovery_apply_failed", source=source.name, error=str(exc))
+                    self._unapplied = True
             await asyncio.sleep(source.poll_seconds)

@@ -3,6 +3,7 @@ is down or serves a bad list keeps the last good list, and says why."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -57,8 +58,9 @@ class Changes:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def __call__(self) -> None:
+    async def __call__(self) -> bool:
         self.calls += 1
+        return True
 
 
 def loop_of(source: Source) -> tuple[DiscoveryLoop, CollectorRegistry]:
@@ -263,3 +265,36 @@ async def test_file_sd_rereads_a_file_when_it_changes_and_only_then(tmp_path: Pa
 
     path.unlink()
     assert await source.fetch() == []
+
+
+async def test_a_change_whose_apply_failed_is_applied_again_at_the_next_poll(
+    sim: RunningSimulator, client: httpx.AsyncClient
+) -> None:
+    """The list does not change again to prompt it: the loop retries a failed apply itself."""
+    cfg = config(
+        {
+            "name": "sim",
+            "http_sd": {"url": f"{sim.base_url}/_sim/http_sd", "refresh_interval": "100ms"},
+        }
+    )
+    outcomes = [False, True]
+    applied: list[int] = []
+
+    async def apply() -> bool:
+        applied.append(len(loop.endpoints()))
+        return outcomes.pop(0) if outcomes else True
+
+    loop = DiscoveryLoop(
+        [source_for(cfg, client)], on_change=apply, metrics=DiscoveryMetrics(CollectorRegistry())
+    )
+    loop.start()
+    try:
+        for _ in range(50):
+            if len(applied) >= 2:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+    finally:
+        await loop.stop()
+    # Once failed, once again at the next poll, then nothing more: the list did not change.
+    assert applied == [2, 2]
