@@ -449,6 +449,9 @@ class Daemon:
             if web_task in done and web_task.exception() is not None:
                 log.error("web_server_failed", error=str(web_task.exception()))
             log.info("stopping", grace_seconds=self.grace_seconds)
+            if self._discovery is not None:
+                # No list change may add endpoints to a scheduler shutting down.
+                await self._discovery.stop()
             await scheduler.shutdown(self.grace_seconds)
             web.should_exit = True
             await asyncio.wait({web_task}, timeout=5)
