@@ -149,8 +149,11 @@ async def set_listing(request: Request) -> Response:
         isinstance(names, list) and all(isinstance(n, str) for n in names)
     ):
         return JSONResponse({"error": "endpoints must be a list of names or null"}, 400)
+    status = body.get("status", 200)
+    if not isinstance(status, int) or isinstance(status, bool) or not 100 <= status <= 599:
+        return JSONResponse({"error": "status must be an HTTP status code"}, 400)
     listing.endpoints = names
-    listing.status = int(body.get("status", 200))
+    listing.status = status
     listing.body = body.get("body")
     listing.windows = bool(body.get("windows", True))
     return JSONResponse(asdict(listing))
