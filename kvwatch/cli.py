@@ -13,7 +13,14 @@ import click
 
 from kvwatch import __version__, logs
 from kvwatch.canary.model import HEALTHY, DepthOutcome, ProbeKind, Verdict
-from kvwatch.config import Config, ConfigError, EndpointSpec, capacity_violations, load_config
+from kvwatch.config import (
+    Config,
+    ConfigError,
+    EndpointSpec,
+    capacity_violations,
+    format_duration,
+    load_config,
+)
 from kvwatch.engines.base import Engine
 from kvwatch.probe.chain import TENANT_KINDS
 from kvwatch.probe.model import ProbeReport
@@ -140,6 +147,10 @@ def check_config(config_path: Path | None, live: bool) -> None:
             click.echo(line, err=True)
         raise SystemExit(1)
     click.echo(f"  SUCCESS: {len(config.endpoints)} endpoints")
+    for source in config.discovery:
+        # Listed, not fetched: check-config reads the file only.
+        every = format_duration(source.refresh_interval)
+        click.echo(f"  DISCOVERY: {source.name} ({source.kind}, every {every})")
     for line in limit_notes(config):
         click.echo(f"  NOTE: {line}")
     if live and not asyncio.run(_check_live(config)):

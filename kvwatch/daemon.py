@@ -29,10 +29,13 @@ from kvwatch.alerting.evaluator import AlertEvaluator
 from kvwatch.alerting.policy import default_policy
 from kvwatch.canary.counting import TokenCounter
 from kvwatch.config import Config, ConfigError, EndpointSpec, capacity_violations, load_config
+from kvwatch.discovery.endpoints import merge
+from kvwatch.discovery.loop import DiscoveryLoop
+from kvwatch.discovery.sources import Source, build_source
 from kvwatch.engines.base import Engine
 from kvwatch.engines.clients import EndpointClients
 from kvwatch.engines.factory import build_engine
-from kvwatch.metrics import ConfigMetrics, ProbeMetrics, ServedWindowCollector
+from kvwatch.metrics import ConfigMetrics, DiscoveryMetrics, ProbeMetrics, ServedWindowCollector
 from kvwatch.probe.model import EndpointState, Target
 from kvwatch.probe.runner import ProbeRunner
 from kvwatch.retention import retention_loop
@@ -267,6 +270,8 @@ class Daemon:
         self._built: Built | None = None
         self._scheduler: ProbeScheduler | None = None
         self._config_metrics: ConfigMetrics | None = None
+        self._discovery: DiscoveryLoop | None = None
+        self._discovery_client: httpx.AsyncClient | None = None
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -312,10 +317,47 @@ class Daemon:
         violations = capacity_violations(new)
         if violations:
             return False, "\n".join(violations)
-        built, scheduler = self._built, self._scheduler
         fixed = [key for key in RESTART_SETTINGS if getattr(new, key) != getattr(self.config, key)]
+        ok, summary = await self._apply(new.resolved_endpoints())
+        if not ok:
+            return False, summary
+        sources_changed = (new.discovery, new.defaults) != (
+            self.config.discovery,
+            self.config.defaults,
+        )
+        self.config = new.model_copy(update={key: getattr(self.config, key) for key in fixed})
+        if sources_changed and self._discovery is not None:
+            # A removed source's endpoints are retired by this second apply; a new or
+            # changed source has been fetched once already, so its list applies now.
+            await self._discovery.replace(self._sources(self.config))
+            ok, sources = await self._apply(self.config.resolved_endpoints())
+            if not ok:
+                return False, sources
+            summary += f"; with the discovery sources now: {sources}"
+        if fixed:
+            summary += f"; restart to apply changes to: {', '.join(fixed)}"
+        return True, summary
+
+    async def _discovered(self) -> bool:
+        """A discovery source's list changed: apply it as a reload would; False if that
+        failed (the loop tries again)."""
+        async with self._reload_lock:
+            ok, summary = await self._apply(self.config.resolved_endpoints())
+        (log.info if ok else log.error)("discovery_applied", ok=ok, result=summary)
+        return ok
+
+    async def _apply(self, static: Sequence[EndpointSpec]) -> tuple[bool, str]:
+        """Probe exactly ``static`` and what the discovery sources list now: the one path by
+        which endpoints start, change and stop being probed (reload and discovery)."""
+        built, scheduler = self._built, self._scheduler
+        assert built is not None and scheduler is not None
+        discovered = self._discovery.endpoints() if self._discovery is not None else []
+        merged, clashing = merge(static, discovered)
+        for spec in clashing:
+            # What the user wrote wins; the discovered one is not probed under that name.
+            log.warning("discovered_name_taken", endpoint=spec.name, source=spec.source)
         old = {t.spec.name: t for t in built.targets}
-        specs = {spec.name: spec for spec in new.resolved_endpoints()}
+        specs = {spec.name: spec for spec in merged}
         removed = [name for name in old if name not in specs]
         changed = [s for name, s in specs.items() if name not in old or old[name].spec != s]
         try:
@@ -325,7 +367,9 @@ class Daemon:
         except StoreError as exc:
             return False, f"could not register endpoints: {exc}"
         for name in removed:
-            await _retire(built, scheduler, old[name].spec)
+            await _retire(
+                built, scheduler, old[name].spec, _removal_reason(old[name].spec, self.config)
+            )
         for target in fresh:
             previous = old.get(target.spec.name)
             if previous is not None:
@@ -341,14 +385,17 @@ class Daemon:
         fresh_names = {t.spec.name for t in fresh}
         built.targets = [t for t in built.targets if t.spec.name in specs]
         built.targets = [t for t in built.targets if t.spec.name not in fresh_names] + fresh
-        self.config = new.model_copy(update={key: getattr(self.config, key) for key in fixed})
-        summary = (
+        return True, (
             f"{len(specs)} endpoints: {len([n for n in specs if n not in old])} added, "
             f"{len([s for s in changed if s.name in old])} changed, {len(removed)} removed"
         )
-        if fixed:
-            summary += f"; restart to apply changes to: {', '.join(fixed)}"
-        return True, summary
+
+    def _sources(self, config: Config) -> list[Source]:
+        assert self._discovery_client is not None
+        return [
+            build_source(source, config.defaults, self._discovery_client)
+            for source in config.discovery
+        ]
 
     async def run(self) -> None:
         config = self.config
@@ -371,6 +418,7 @@ class Daemon:
             self._scheduler = scheduler
             scheduler.start(built.targets)
             _start_loops(stack, built, scheduler, config)
+            await self._start_discovery(stack, built)
             host, port = split_listen(config.listen)
             web = embedded_server(
                 create_app(
@@ -401,6 +449,9 @@ class Daemon:
             if web_task in done and web_task.exception() is not None:
                 log.error("web_server_failed", error=str(web_task.exception()))
             log.info("stopping", grace_seconds=self.grace_seconds)
+            if self._discovery is not None:
+                # No list change may add endpoints to a scheduler shutting down.
+                await self._discovery.stop()
             await scheduler.shutdown(self.grace_seconds)
             web.should_exit = True
             await asyncio.wait({web_task}, timeout=5)
@@ -408,6 +459,19 @@ class Daemon:
             log.info("stopped")
             if web_task.done() and web_task.exception() is not None:
                 raise SystemExit(f"web server failed: {web_task.exception()}")
+
+    async def _start_discovery(self, stack: AsyncExitStack, built: Built) -> None:
+        """Follow the discovery sources; their endpoints join through :meth:`_apply`."""
+        client = httpx.AsyncClient(follow_redirects=True)
+        stack.push_async_callback(client.aclose)
+        self._discovery_client = client
+        self._discovery = DiscoveryLoop(
+            self._sources(self.config),
+            on_change=self._discovered,
+            metrics=DiscoveryMetrics(built.registry),
+        )
+        self._discovery.start()
+        stack.push_async_callback(self._discovery.stop)
 
 
 async def _recover(built: Built, replica: str) -> int:
@@ -437,14 +501,24 @@ def _start_loops(
     stack.push_async_callback(_cancel, pruning)
 
 
-async def _retire(built: Built, scheduler: ProbeScheduler, spec: EndpointSpec) -> None:
-    """An endpoint left the config: unschedule it, close its client once idle, resolve its
-    alerts and drop its series."""
+def _removal_reason(spec: EndpointSpec, config: Config) -> str:
+    """Why ``spec`` is no longer probed (``config``: the configuration now applied): said on
+    the alerts its removal resolves."""
+    if spec.source is None:
+        return "the endpoint was removed from the configuration"
+    if spec.source not in {source.name for source in config.discovery}:
+        return f"discovery source {spec.source} was removed from the configuration"
+    return f"discovery source {spec.source} no longer lists the endpoint"
+
+
+async def _retire(built: Built, scheduler: ProbeScheduler, spec: EndpointSpec, reason: str) -> None:
+    """An endpoint is no longer probed: unschedule it, close its client once idle, resolve
+    its alerts with ``reason`` and drop its series. Its history stays in the database."""
     name = spec.name
     scheduler.remove(name, spec.probes)
     built.clients.retire(name, idle=functools.partial(scheduler.idle, name))
     if built.alerts is not None:
-        retired = built.alerts.retire(name)
+        retired = built.alerts.retire(name, reason)
         try:
             await asyncio.to_thread(built.store.save_alert_states, retired)
         except StoreError as exc:

@@ -340,3 +340,54 @@ class ConfigMetrics:
 
     def failed(self) -> None:
         self.last_reload_ok.set(0)
+
+
+class DiscoveryMetrics:
+    """Each discovery source's state, named after Prometheus' own SD metrics so the same
+    alerts carry over (a source that stopped refreshing keeps its last good list)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.endpoints = Gauge(
+            "kvwatch_discovery_endpoints",
+            "Endpoints in the source's last good list.",
+            ("source",),
+            registry=registry,
+        )
+        self.last_ok = Gauge(
+            "kvwatch_discovery_last_refresh_successful",
+            "1 if the source's last refresh succeeded, else 0.",
+            ("source",),
+            registry=registry,
+        )
+        self.last_success = Gauge(
+            "kvwatch_discovery_last_refresh_success_timestamp_seconds",
+            "When the source's list was last fetched successfully.",
+            ("source",),
+            registry=registry,
+        )
+        self.failures = Counter(
+            "kvwatch_discovery_refresh_failures",
+            "Refreshes of the source that failed, by reason (unreachable, http_status, read, "
+            "invalid).",
+            ("source", "reason"),
+            registry=registry,
+        )
+        self._reasons: dict[str, set[str]] = {}
+
+    def refreshed(self, source: str, endpoints: int, when: datetime) -> None:
+        self.endpoints.labels(source=source).set(endpoints)
+        self.last_ok.labels(source=source).set(1)
+        self.last_success.labels(source=source).set(when.timestamp())
+
+    def failed(self, source: str, reason: str) -> None:
+        self._reasons.setdefault(source, set()).add(reason)
+        self.last_ok.labels(source=source).set(0)
+        self.failures.labels(source=source, reason=reason).inc()
+
+    def forget(self, source: str) -> None:
+        """A source left the configuration: its series go with it."""
+        for gauge in (self.endpoints, self.last_ok, self.last_success):
+            with contextlib.suppress(KeyError):
+                gauge.remove(source)
+        for reason in self._reasons.pop(source, set()):
+            self.failures.remove(source, reason)

@@ -26,6 +26,9 @@ from kvwatch.alerting.state import (
 from kvwatch.probe.model import WINDOW_KINDS, ProbeReport, Target, describe_served
 from kvwatch.store.records import AlertStateRecord, ServedWindowRecord
 
+# The annotation that says why an alert resolved without a recovery (its endpoint went).
+RESOLVED_REASON = "resolved_reason"
+
 # Probe kinds whose failures the served window explains.
 _WINDOW_PROBES = frozenset(k.value for k in WINDOW_KINDS)
 
@@ -109,8 +112,10 @@ class AlertEvaluator:
             changed.append(dataclasses.replace(state, annotations=annotations, updated_at=now))
         return [AlertStateRecord(**dataclasses.asdict(c)) for c in changed]
 
-    def retire(self, endpoint: str) -> list[AlertStateRecord]:
-        """An endpoint left the config: resolve its firing alerts, drop its pending ones."""
+    def retire(self, endpoint: str, reason: str) -> list[AlertStateRecord]:
+        """An endpoint is no longer probed: resolve its firing alerts, saying why in their
+        ``resolved_reason`` annotation (nothing recovered: the checks stopped), and drop its
+        pending ones."""
         now = self._clock()
         records = []
         for state in self._states.values():
@@ -118,7 +123,11 @@ class AlertEvaluator:
                 continue
             if state.state == "firing":
                 retired = dataclasses.replace(
-                    state, state=AlertStatus.RESOLVED, ends_at=now, updated_at=now
+                    state,
+                    state=AlertStatus.RESOLVED,
+                    ends_at=now,
+                    updated_at=now,
+                    annotations={**state.annotations, RESOLVED_REASON: reason},
                 )
             else:
                 retired = dataclasses.replace(

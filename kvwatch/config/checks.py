@@ -12,8 +12,8 @@ from kvwatch.canary.planning import ANSWER_TOKENS_PER_CODE
 from kvwatch.config.durations import format_duration
 from kvwatch.config.expand import KeyPath
 from kvwatch.config.model import Config
-from kvwatch.config.resolve import EndpointSpec
-from kvwatch.config.sections import Defaults, Endpoint
+from kvwatch.config.resolve import EndpointSpec, resolve_settings
+from kvwatch.config.sections import Defaults, EndpointSettings
 
 Problem = tuple[KeyPath, str]
 
@@ -28,10 +28,27 @@ def cross_field_problems(config: Config) -> list[Problem]:
         if endpoint.name in seen:
             problems.append(((*here, "name"), f'duplicate endpoint name "{endpoint.name}"'))
         seen.add(endpoint.name)
-        problems += _reserved_labels(here, endpoint, multi_region=config.region is not None)
-        problems += _timing_problems(here, endpoint, spec)
-        problems += _size_problems(here, endpoint, spec)
+        problems += _settings_problems(config, here, endpoint, spec)
+    for index, source in enumerate(config.discovery):
+        # A template is checked as the endpoints it will make: its clashes are found at
+        # load time, not at the first refresh.
+        template = source.template
+        spec = resolve_settings(
+            template, config.defaults, name=source.name, url="http://template", model="template"
+        )
+        problems += _settings_problems(config, ("discovery", index, "template"), template, spec)
     return problems
+
+
+def _settings_problems(
+    config: Config, here: KeyPath, endpoint: EndpointSettings, spec: EndpointSpec
+) -> list[Problem]:
+    """What is wrong with one endpoint's (or template's) settings once merged with defaults."""
+    return (
+        _reserved_labels(here, endpoint, multi_region=config.region is not None)
+        + _timing_problems(here, endpoint, spec)
+        + _size_problems(here, endpoint, spec)
+    )
 
 
 def _defaults_problems(defaults: Defaults) -> list[Problem]:
@@ -51,7 +68,7 @@ def _defaults_problems(defaults: Defaults) -> list[Problem]:
     return problems
 
 
-def _reserved_labels(here: KeyPath, endpoint: Endpoint, *, multi_region: bool) -> list[Problem]:
+def _reserved_labels(here: KeyPath, endpoint: EndpointSettings, *, multi_region: bool) -> list[Problem]:
     problems: list[Problem] = []
     if multi_region and "region" in endpoint.labels:
         # The region label is kvwatch's in multi-region mode; a static one would hide
@@ -73,7 +90,7 @@ def _reserved_labels(here: KeyPath, endpoint: Endpoint, *, multi_region: bool) -
     return problems
 
 
-def _timing_problems(here: KeyPath, endpoint: Endpoint, spec: EndpointSpec) -> list[Problem]:
+def _timing_problems(here: KeyPath, endpoint: EndpointSettings, spec: EndpointSpec) -> list[Problem]:
     # A clash that comes only from `defaults` is reported once, there, not per endpoint.
     if spec.jitter_seconds < spec.interval_seconds:
         return []
@@ -90,7 +107,7 @@ def _timing_problems(here: KeyPath, endpoint: Endpoint, spec: EndpointSpec) -> l
     return []
 
 
-def _size_problems(here: KeyPath, endpoint: Endpoint, spec: EndpointSpec) -> list[Problem]:
+def _size_problems(here: KeyPath, endpoint: EndpointSettings, spec: EndpointSpec) -> list[Problem]:
     problems: list[Problem] = []
     # As with the jitter, a clash that comes only from `defaults` is reported there.
     own = endpoint.max_tokens is not None or endpoint.marker_depths is not None

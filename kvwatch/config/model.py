@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import socket
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from kvwatch.config.discovery import DiscoverySource, unique_sources
 from kvwatch.config.resolve import EndpointSpec, resolve_endpoint
 from kvwatch.config.sections import (
     Alertmanager,
@@ -90,6 +91,13 @@ class Config(_Strict):
     retention: Retention = Retention()
     web: Web = Web()
     endpoints: list[Endpoint] = []  # noqa: RUF012 (pydantic copies field defaults)
+    # Sources of endpoints beside the static list (kvwatch.discovery).
+    discovery: list[DiscoverySource] = []  # noqa: RUF012 (pydantic copies field defaults)
+
+    @field_validator("discovery")
+    @classmethod
+    def _unique_sources(cls, sources: list[DiscoverySource]) -> list[DiscoverySource]:
+        return unique_sources(sources)
 
     @property
     def replica_id(self) -> str:

@@ -14,7 +14,7 @@ from typing import TypeVar
 from pydantic import SecretStr
 
 from kvwatch.canary.model import ProbeKind
-from kvwatch.config.sections import Defaults, Endpoint
+from kvwatch.config.sections import Defaults, Endpoint, EndpointSettings
 
 T = TypeVar("T")
 
@@ -64,6 +64,12 @@ class EndpointSpec:
     # Under and edge probes rotate through these (kvwatch.probe.model.tenant_for_slot); empty:
     # every probe uses ``api_key``.
     tenants: tuple[TenantSpec, ...] = ()
+    # The discovery source that found the endpoint (None: the static ``endpoints:`` list) and
+    # the window and KV pool it stated: used only when the engine states none itself
+    # (kvwatch.probe.reported), while ``context_window``/``kv_pool_tokens`` always win.
+    source: str | None = None
+    source_context_window: int | None = None
+    source_kv_pool_tokens: int | None = None
 
     @property
     def default_tenant(self) -> TenantSpec | None:
@@ -75,6 +81,16 @@ class EndpointSpec:
 
 
 def resolve_endpoint(endpoint: Endpoint, defaults: Defaults) -> EndpointSpec:
+    return resolve_settings(
+        endpoint, defaults, name=endpoint.name, url=endpoint.url, model=endpoint.model
+    )
+
+
+def resolve_settings(
+    endpoint: EndpointSettings, defaults: Defaults, *, name: str, url: str, model: str
+) -> EndpointSpec:
+    """The spec of the endpoint ``name`` at ``url`` serving ``model`` with these settings:
+    an ``endpoints:`` entry, or what a discovery source found with its template's settings."""
     overrides = endpoint.timeouts
     timeouts = {
         kind: _pick(
@@ -89,10 +105,10 @@ def resolve_endpoint(endpoint: Endpoint, defaults: Defaults) -> EndpointSpec:
     if endpoint.api_key_file is not None:
         api_key = endpoint.api_key_file.value
     return EndpointSpec(
-        name=endpoint.name,
-        url=endpoint.url,
+        name=name,
+        url=url,
         flavour=endpoint.flavour,
-        model=endpoint.model,
+        model=model,
         context_window=endpoint.context_window,
         kv_pool_tokens=endpoint.kv_pool_tokens,
         api_key=api_key,

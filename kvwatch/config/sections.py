@@ -162,11 +162,11 @@ class Tenant(_Strict):
         return self
 
 
-class Endpoint(_Strict):
-    name: EndpointName
-    url: HttpUrl
+class EndpointSettings(_Strict):
+    """Every setting of an endpoint except what names and addresses it (name, url, model):
+    the fields of an ``endpoints:`` entry and of a discovery source's ``template:``."""
+
     flavour: Flavour = "openai"
-    model: NonBlank
     context_window: PositiveInt | None = None
     kv_pool_tokens: PositiveInt | None = None
     api_key: Secret | None = None
@@ -190,7 +190,7 @@ class Endpoint(_Strict):
     body_limit_bytes: PositiveInt | None = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> Endpoint:
+    def _consistent(self) -> EndpointSettings:
         _exclusive(self, "api_key", "api_key_file")
         seen: set[str] = set()
         for kind in self.probes:
@@ -215,3 +215,11 @@ class Endpoint(_Strict):
                 raise invalid(f'lists tenant "{tenant.name}" twice')
             names.add(tenant.name)
         return tenants
+
+
+class Endpoint(EndpointSettings):
+    """An ``endpoints:`` entry: the settings, and what names and addresses the endpoint."""
+
+    name: EndpointName
+    url: HttpUrl
+    model: NonBlank

@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvwatch.canary.sizing import served_window
 from kvwatch.limits import MAX_PLAUSIBLE_WINDOW
 from kvwatch.probe.model import Target
+from kvwatch.probe.reported import engine_report
 
 
 class WindowUnknown(Exception):
@@ -17,7 +18,7 @@ async def window_of(target: Target) -> int:
     if state.window is None:
         state.window = target.spec.context_window
     if state.window is None:
-        found = await target.engine.discover()
+        found = await engine_report(target)
         if found.context_window is None:
             raise WindowUnknown(
                 "context_window is not configured and the engine does not report it"

@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from kvwatch.simulator import errors, native
+from kvwatch.simulator import errors, listing, native
 from kvwatch.simulator.model import (
     Answer,
     ChatRequest,
@@ -288,6 +288,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 def build_app(simulation: Simulation) -> Starlette:
     app = Starlette(
         routes=[
+            *listing.routes(),
             *native.routes(),
             Route("/_sim/stats", stats, methods=["GET"]),
             Route("/{name}/_sim/fault", set_fault, methods=["PUT"]),
@@ -300,4 +301,5 @@ def build_app(simulation: Simulation) -> Starlette:
         exception_handlers={HTTPException: _http_error},
     )
     app.state.simulation = simulation
+    app.state.listing = listing.Listing()
     return app

@@ -110,3 +110,20 @@ def test_check_config_names_each_endpoint_whose_engine_cannot_enforce_a_limit(tm
         " over-long prompt instead of refusing it): its over probe reports over_truncated"
         " (info, never a page), not a refusal",
     ]
+
+
+def test_check_config_lists_each_discovery_source_with_its_kind_and_interval(tmp_path):
+    """Sources are named, not fetched: the check reads the file only."""
+    config = GATED.replace("681280", "1048576") + (
+        "discovery:\n"
+        "  - name: fleet\n"
+        "    file_sd: {files: [targets/*.json]}\n"
+        "  - name: k8s\n"
+        "    http_sd: {url: 'http://127.0.0.1:9/targets', refresh_interval: 30s}\n"
+    )
+    (tmp_path / "kvwatch.yaml").write_text(config)
+    result = run("check-config", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "  DISCOVERY: fleet (file_sd, every 5m)" in lines
+    assert "  DISCOVERY: k8s (http_sd, every 30s)" in lines

@@ -71,6 +71,7 @@ def test_it_loads_the_reference_example_at_the_repository_root() -> None:
     """kvwatch.example.yaml, which documents every key, is itself a valid configuration."""
     config = load_config(REPO / "kvwatch.example.yaml", env={"GLM_API_KEY": "sk-glm"})
     assert [spec.name for spec in config.resolved_endpoints()] == ["glm-prod", "llama-local"]
+    assert [source.name for source in config.discovery] == ["fleet"]
 
 
 def test_it_uses_the_named_defaults_for_everything_left_out() -> None:
@@ -327,3 +328,24 @@ def test_it_resolves_tenants_with_their_keys_from_env_and_files(tmp_path: Path) 
     assert [t.api_key.get_secret_value() for t in spec.tenants] == ["sk-acme", "sk-globex"]
     assert "sk-acme" not in repr(spec) and "sk-globex" not in repr(spec)
     assert spec.default_tenant is not None and spec.default_tenant.name == "acme"
+
+
+def test_it_loads_discovery_sources_with_their_templates_and_anchors_file_globs() -> None:
+    """Each source kind loads; file_sd globs are anchored at the config's directory."""
+    config = load_config(VALID / "discovery.yaml", env={})
+
+    fleet, k8s, litellm = config.discovery
+    assert (fleet.kind, k8s.kind, litellm.kind) == ("file_sd", "http_sd", "gateway")
+    assert fleet.file_sd is not None
+    assert fleet.file_sd.files == [str(VALID / "targets/*.json"), str(VALID / "targets/*.yaml")]
+    assert (fleet.refresh_interval, k8s.refresh_interval, litellm.refresh_interval) == (
+        300.0,
+        30.0,
+        60.0,
+    )
+    assert k8s.template.flavour == "vllm"
+    assert k8s.template.probes == ["under", "over", "capacity"]
+    assert litellm.gateway is not None
+    assert litellm.gateway.exclude == ["*-preview"]
+    assert litellm.template.api_key_file is not None
+    assert [spec.name for spec in config.resolved_endpoints()] == ["glm-prod"]

@@ -17,6 +17,7 @@ from kvwatch.capacity import assess, edge_pool
 from kvwatch.engines.base import Discovery, EngineAuthError
 from kvwatch.probe.job import ProbeJob, Probing
 from kvwatch.probe.model import Target
+from kvwatch.probe.reported import engine_report
 from kvwatch.probe.result import Attempt
 
 log = structlog.get_logger("kvwatch.probe")
@@ -29,7 +30,7 @@ async def probe(job: ProbeJob, io: Probing) -> Attempt | None:
     t0 = time.perf_counter()
     try:
         async with asyncio.timeout(timeout):
-            discovery = await target.engine.discover()
+            discovery = await engine_report(target)
     except EngineAuthError as exc:
         judgement = Judgement(Verdict.AUTH_ERROR, f"discovery refused: {exc}")
     except TimeoutError:

@@ -10,11 +10,12 @@ from kvwatch.canary.sizing import SizingError, edge_prompt_tokens
 from kvwatch.capacity import edge_pool
 from kvwatch.probe.job import ProbeJob
 from kvwatch.probe.prompted import PromptProber
+from kvwatch.probe.reported import engine_report
 
 
 async def size(job: ProbeJob, window: int, margin: int) -> int:
     target = job.target
-    discovery = target.discovery or await target.engine.discover()
+    discovery = target.discovery or await engine_report(target)
     pool = edge_pool(target.spec.kv_pool_tokens, discovery)
     if pool is None:
         raise SizingError("the engine reports no KV pool to probe the edge of")
