@@ -327,3 +327,15 @@ def test_it_resolves_tenants_with_their_keys_from_env_and_files(tmp_path: Path) 
     assert [t.api_key.get_secret_value() for t in spec.tenants] == ["sk-acme", "sk-globex"]
     assert "sk-acme" not in repr(spec) and "sk-globex" not in repr(spec)
     assert spec.default_tenant is not None and spec.default_tenant.name == "acme"
+
+
+def test_probes_send_w3c_traceparent_unless_told_otherwise() -> None:
+    """No trace section: W3C in its own header; b3 goes in `b3`; a named header is used."""
+    assert parse_config("endpoints: []\n", env={}).trace.model_dump() == {
+        "format": "w3c",
+        "header": None,
+    }
+    b3 = parse_config("trace: {format: b3}\n", env={}).trace
+    assert (b3.format, b3.header) == ("b3", None)
+    named = parse_config("trace: {header: X-Request-Trace}\n", env={}).trace
+    assert (named.format, named.header) == ("w3c", "x-request-trace")
