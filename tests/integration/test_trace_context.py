@@ -6,18 +6,23 @@ the runner's trace settings from ``trace:``), the real store on SQLite and Postg
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from structlog.testing import capture_logs
 
 from kvwatch.canary.model import ProbeKind, Verdict
-from kvwatch.daemon import Built, build
+from kvwatch.config import load_config
+from kvwatch.daemon import Built, Daemon, build
 from kvwatch.simulator.server import RunningSimulator, run_simulator
 from kvwatch.simulator.spec import SimEndpoint
 from kvwatch.simulator.traces import ReceivedTrace
+from tests.helpers.alertmanager import free_port
 from tests.helpers.targets import config_for, sim_endpoint_entry
 
 TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-01")
@@ -110,3 +115,31 @@ async def test_with_tracing_off_nothing_is_sent_and_no_id_is_stored(
     finally:
         await built.clients.aclose()
         built.store.engine.dispose()
+
+
+async def test_a_reload_changes_the_trace_format_of_the_next_probe(
+    sim: RunningSimulator, db_url: str, tmp_path: Path
+) -> None:
+    """The daemon's SIGHUP path: `trace: {format: off}` written and reloaded, the next probe
+    carries and stores no trace; the one before it did."""
+    entry = sim_endpoint_entry(sim, "traced", interval="1h", probes=["baseline"])
+    doc = {"database": db_url, "listen": f"127.0.0.1:{free_port()}", "endpoints": [entry]}
+    path = tmp_path / "kvwatch.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    daemon = Daemon(load_config(path), config_path=path, grace_seconds=1)
+    running_daemon = asyncio.create_task(daemon.run())
+    try:
+        while daemon._built is None:
+            assert not running_daemon.done(), running_daemon
+            await asyncio.sleep(0.05)
+        built = daemon._built
+        before = await built.runner.run(built.targets[0], ProbeKind.BASELINE)
+        path.write_text(yaml.safe_dump(doc | {"trace": {"format": "off"}}))
+        ok, message = await daemon.reload()
+        assert ok, message
+        after = await built.runner.run(built.targets[0], ProbeKind.BASELINE)
+        stored = [built.store.get_probe(r.probe_id) for r in (before, after) if r.probe_id]
+        assert [row.trace_id is not None for row in stored if row] == [True, False]
+    finally:
+        daemon.stop.set()
+        await running_daemon
