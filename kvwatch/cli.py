@@ -347,6 +347,7 @@ def report_json(r: ProbeReport) -> dict[str, Any]:
         "duration_seconds": r.duration_seconds,
         "confirms_probe_id": r.confirms_probe_id,
         "trigger_probe_id": r.trigger_probe_id,
+        "trace_id": r.trace_id,
         "finished_at": r.finished_at.isoformat(),
         # Only with several marker depths, so a single-depth object stays as it was.
         **(
@@ -615,6 +616,7 @@ def _probe_text(p: Any) -> str:
         f"  started:       {p.started_at.isoformat()}",
         f"  finished:      {p.finished_at.isoformat() if p.finished_at else '-'} ({p.state})",
         f"  replica:       {p.replica}" + (f" (region {p.region})" if p.region else ""),
+        f"  trace id:      {p.trace_id or '-'}",
     ]
     if p.answer_excerpt is not None:
         lines.append(f"  answer:        {p.answer_excerpt!r}")

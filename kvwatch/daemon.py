@@ -35,6 +35,7 @@ from kvwatch.discovery.sources import Source, build_source
 from kvwatch.engines.base import Engine
 from kvwatch.engines.clients import EndpointClients
 from kvwatch.engines.factory import build_engine
+from kvwatch.engines.tracing import TraceFormat, TraceSettings, instrument
 from kvwatch.metrics import ConfigMetrics, DiscoveryMetrics, ProbeMetrics, ServedWindowCollector
 from kvwatch.probe.model import EndpointState, Target
 from kvwatch.probe.runner import ProbeRunner
@@ -114,6 +115,11 @@ def web_settings(config: Config) -> WebSettings:
     )
 
 
+def trace_settings(config: Config) -> TraceSettings:
+    """The trace context probes send, from ``trace:``."""
+    return TraceSettings(format=TraceFormat(config.trace.format), header=config.trace.header)
+
+
 def excerpt_chars(config: Config) -> int:
     """Characters of each answer kept as evidence; 0 stores none."""
     return config.web.answer_excerpt_chars if config.web.answer_excerpts else 0
@@ -132,7 +138,11 @@ def endpoint_engines(
     """The endpoint's adapter and one per tenant (cheap: they share ``client``), so a
     tenant's key is only ever sent on that tenant's canaries. The endpoint's own adapter
     (discovery, planning, probes without a tenant) sends its api_key, or the first tenant's
-    when it has none."""
+    when it has none.
+
+    Every adapter of every flavour sends through ``client``: instrumenting it here is what
+    puts the probe's trace context on each request they make (kvwatch.engines.tracing)."""
+    instrument(client)
 
     def engine_with(key: SecretStr | None) -> Engine:
         return build_engine(
@@ -236,6 +246,7 @@ async def build(config: Config, *, upgrade: bool = True, alerting: bool = True) 
         metrics=metrics,
         replica=config.replica_id,
         excerpt_chars=excerpt_chars(config),
+        trace=trace_settings(config),
     )
     delivery = None
     if alerting:
@@ -326,6 +337,9 @@ class Daemon:
             self.config.defaults,
         )
         self.config = new.model_copy(update={key: getattr(self.config, key) for key in fixed})
+        # The next probe carries the new trace format; those in flight keep theirs.
+        assert self._built is not None
+        self._built.runner.trace = trace_settings(new)
         if sources_changed and self._discovery is not None:
             # A removed source's endpoints are retired by this second apply; a new or
             # changed source has been fetched once already, so its list applies now.

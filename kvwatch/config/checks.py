@@ -68,7 +68,9 @@ def _defaults_problems(defaults: Defaults) -> list[Problem]:
     return problems
 
 
-def _reserved_labels(here: KeyPath, endpoint: EndpointSettings, *, multi_region: bool) -> list[Problem]:
+def _reserved_labels(
+    here: KeyPath, endpoint: EndpointSettings, *, multi_region: bool
+) -> list[Problem]:
     problems: list[Problem] = []
     if multi_region and "region" in endpoint.labels:
         # The region label is kvwatch's in multi-region mode; a static one would hide
@@ -90,7 +92,9 @@ def _reserved_labels(here: KeyPath, endpoint: EndpointSettings, *, multi_region:
     return problems
 
 
-def _timing_problems(here: KeyPath, endpoint: EndpointSettings, spec: EndpointSpec) -> list[Problem]:
+def _timing_problems(
+    here: KeyPath, endpoint: EndpointSettings, spec: EndpointSpec
+) -> list[Problem]:
     # A clash that comes only from `defaults` is reported once, there, not per endpoint.
     if spec.jitter_seconds < spec.interval_seconds:
         return []

@@ -9,6 +9,7 @@ each endpoint. Defaults are named once, in the models.
 from __future__ import annotations
 
 import socket
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -27,6 +28,7 @@ from kvwatch.config.types import (
     DatabaseUrl,
     Duration,
     Flag,
+    HeaderName,
     ListenAddress,
     NonBlank,
     PositiveInt,
@@ -76,6 +78,21 @@ class Retention(_Strict):
         return self
 
 
+class Trace(_Strict):
+    """The trace context every probe request carries (kvwatch.engines.tracing): W3C
+    ``traceparent`` by default, B3's single header for gateways that read only that, or
+    none. ``header`` renames it, for a gateway that forwards only a header of its own."""
+
+    format: Literal["w3c", "b3", "off"] = "w3c"
+    header: HeaderName | None = None
+
+    @model_validator(mode="after")
+    def _header_sent(self) -> Trace:
+        if self.format == "off" and self.header is not None:
+            raise invalid("header has no effect with format off: remove one of them")
+        return self
+
+
 class Config(_Strict):
     # repr=False: a database URL may carry a password.
     database: DatabaseUrl = Field(default="sqlite:///kvwatch.db", repr=False)
@@ -90,6 +107,7 @@ class Config(_Strict):
     defaults: Defaults = Defaults()
     retention: Retention = Retention()
     web: Web = Web()
+    trace: Trace = Trace()
     endpoints: list[Endpoint] = []  # noqa: RUF012 (pydantic copies field defaults)
     # Sources of endpoints beside the static list (kvwatch.discovery).
     discovery: list[DiscoverySource] = []  # noqa: RUF012 (pydantic copies field defaults)

@@ -31,6 +31,25 @@ _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _ENDPOINT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _REGION = re.compile(r"[A-Za-z0-9_.-]{1,63}")
 _DIGITS = re.compile(r"\+?\d+")
+# An HTTP field name (RFC 9110 §5.1: a token).
+_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
+# Headers kvwatch or the HTTP layer writes on every request: a trace header under one of
+# these names would overwrite a credential or break the request.
+OWN_HEADERS = frozenset(
+    {
+        "accept",
+        "accept-encoding",
+        "anthropic-version",
+        "authorization",
+        "connection",
+        "content-length",
+        "content-type",
+        "host",
+        "transfer-encoding",
+        "user-agent",
+        "x-api-key",
+    }
+)
 # 1.0 puts a marker right before the question: with several depths, the marker a cut tail
 # loses first (issue 12).
 MAX_MARKER_DEPTH = 1.0
@@ -183,6 +202,14 @@ def _region(value: str) -> str:
     return value
 
 
+def _header_name(value: str) -> str:
+    if not _HEADER_NAME.fullmatch(value):
+        raise invalid("is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~)")
+    if value.lower() in OWN_HEADERS:
+        raise invalid(f'"{value}" is a header kvwatch sets itself')
+    return value.lower()
+
+
 def _label_name(value: str) -> str:
     if not _LABEL_NAME.fullmatch(value):
         raise invalid(
@@ -268,6 +295,7 @@ EndpointName = Annotated[str, AfterValidator(_endpoint_name)]
 Region = Annotated[str, AfterValidator(_region)]
 TenantName = Annotated[str, AfterValidator(_tenant_name)]
 LabelName = Annotated[str, AfterValidator(_label_name)]
+HeaderName = Annotated[str, AfterValidator(_header_name)]
 TokenizerSpec = Annotated[str, AfterValidator(_tokenizer)]
 Secret = Annotated[SecretStr, AfterValidator(_non_empty_secret)]
 SecretFilePath = Annotated[FileSecret, BeforeValidator(_secret_file)]

@@ -53,6 +53,7 @@ class ProbeJob:
     size: int | None = None
     progress: ProgressCallback | None = None
     claim: SlotClaim | None = None
+    trace_id: str | None = None  # the trace its requests carry (kvwatch.engines.tracing)
 
     def sent_as(self, tenant: TenantSpec | None) -> ProbeJob:
         """This job sent under ``tenant`` (None: the endpoint's identity); a capacity check
@@ -113,6 +114,7 @@ class ProbeJob:
             slot=self.slot,
             tenant=None if self.tenant is None else self.tenant.name,
             trigger_probe_id=self.trigger,
+            trace_id=self.trace_id,
         )
 
 

@@ -111,6 +111,7 @@ class ProbeReport:
     trigger_probe_id: int | None = None  # a bisect probe's trigger
     # Per depth, when the prompt carried one marker per depth (several marker_depths).
     depths: tuple[DepthResult, ...] = ()
+    trace_id: str | None = None  # the trace its requests carried (None: tracing off)
 
 
 def describe_served(record: ServedWindowRecord) -> str:

@@ -65,6 +65,7 @@ class ProbeResult:
             error_body=bounded(ex.error_body, STORED_ERROR_CHARS),
             trigger_probe_id=a.new.trigger_probe_id,
             depths=tuple(j.depths),
+            trace_id=a.new.trace_id,
         )
 
     def outcome(self, excerpt_chars: int) -> ProbeOutcome:
@@ -156,6 +157,8 @@ class ProbeResult:
             "trigger_probe_id": new.trigger_probe_id,
             "store_write_seconds": round(write_seconds, 4),
             "slot": new.slot,
+            # To find the engine's spans of this probe (None with trace format off).
+            "trace_id": new.trace_id,
             "lag_seconds": (
                 None
                 if scheduled is None

@@ -22,6 +22,7 @@ import structlog
 from kvwatch.canary.model import ProbeKind
 from kvwatch.config import TenantSpec
 from kvwatch.engines.base import ProgressCallback
+from kvwatch.engines.tracing import TraceSettings, probe_trace
 from kvwatch.limits import ANSWER_EXCERPT_CHARS
 from kvwatch.metrics import ProbeMetrics
 from kvwatch.probe import chain
@@ -70,6 +71,8 @@ class ProbeRunner:
     clock: Callable[[], datetime] = utcnow
     excerpt_chars: int = ANSWER_EXCERPT_CHARS
     alert_hook: AlertHook | None = None
+    # The trace context each probe's requests carry (a reload may change it).
+    trace: TraceSettings = field(default_factory=TraceSettings)
     # Results wait here, in order, while the database is unreachable: probing goes on.
     results: ResultBuffer = field(init=False)
     # What the endpoint really serves, measured after a window failure.
@@ -228,7 +231,11 @@ class ProbeRunner:
         return report
 
     async def _probe(self, job: ProbeJob, scheduled: datetime | None) -> ProbeReport | None:
-        attempt = await PROBERS[job.kind](job, self.io)
+        # One trace per probe: every request it makes (discovery, tokenize, the canary) is a
+        # span of it, whichever adapter sends it; its id is stored with the probe's row.
+        with probe_trace(self.trace) as trace:
+            job = dataclasses.replace(job, trace_id=None if trace is None else trace.trace_id)
+            attempt = await PROBERS[job.kind](job, self.io)
         return None if attempt is None else await self._finish(job, attempt, scheduled)
 
     async def _finish(

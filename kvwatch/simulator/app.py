@@ -25,6 +25,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -51,6 +52,7 @@ from kvwatch.simulator.requests import (
     credential,
 )
 from kvwatch.simulator.spec import FaultMode, Flavour
+from kvwatch.simulator.traces import RecordTraces, traces_route
 
 _DONE = b"data: [DONE]\n\n"
 
@@ -291,6 +293,7 @@ def build_app(simulation: Simulation) -> Starlette:
             *listing.routes(),
             *native.routes(),
             Route("/_sim/stats", stats, methods=["GET"]),
+            Route("/_sim/traces", traces_route(simulation.traces), methods=["GET"]),
             Route("/{name}/_sim/fault", set_fault, methods=["PUT"]),
             Route("/{name}/v1/models", models, methods=["GET"]),
             Route("/{name}/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -299,6 +302,13 @@ def build_app(simulation: Simulation) -> Starlette:
             Route("/{name}/health", health, methods=["GET"]),
         ],
         exception_handlers={HTTPException: _http_error},
+        middleware=[
+            Middleware(
+                RecordTraces,
+                traces=simulation.traces,
+                endpoints=frozenset(ep.name for ep in simulation.endpoints),
+            )
+        ],
     )
     app.state.simulation = simulation
     app.state.listing = listing.Listing()

@@ -22,6 +22,7 @@ from kvwatch.canary.model import Message
 from kvwatch.simulator import errors, tokenizer
 from kvwatch.simulator.errors import ErrorBody
 from kvwatch.simulator.spec import FaultMode, Flavour, SimEndpoint
+from kvwatch.simulator.traces import ReceivedTraces
 
 NOT_FOUND = "I could not find a code in the text."
 PAGE_TOKENS = 256
@@ -442,6 +443,8 @@ class Simulation:
 
     def __init__(self, endpoints: Sequence[SimEndpoint]) -> None:
         self._states: dict[str, EndpointState] = {}
+        # The trace headers each endpoint received (kvwatch.simulator.traces).
+        self.traces = ReceivedTraces()
         for spec in endpoints:
             if spec.name in self._states:
                 raise ValueError(f"duplicate simulated endpoint name {spec.name!r}")

@@ -57,6 +57,7 @@ from kvwatch.simulator import errors
 from kvwatch.simulator.model import PLACEHOLDER_TOKENS
 from kvwatch.simulator.server import SHUTDOWN_GRACE_SECONDS, _bind, _EmbeddedServer
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
+from kvwatch.simulator.traces import TRACE_HEADERS
 
 PROXY_FAULTS = frozenset(
     {
@@ -79,7 +80,9 @@ _POOL_FAULTS = frozenset(
     }
 )
 # Request headers worth passing on; hop-by-hop ones and the length (re-computed) are not.
-_FORWARDED_HEADERS = ("authorization", "x-api-key", "content-type", "accept")
+# The trace headers go on too, as a gateway's would: the engine's spans must join the trace
+# of the probe that caused them, whatever fault the proxy played in between.
+_FORWARDED_HEADERS = ("authorization", "x-api-key", "content-type", "accept", *TRACE_HEADERS)
 _FRAME_END = re.compile(rb"\r?\n\r?\n")
 _DONE = b"data: [DONE]\n\n"
 

@@ -14,6 +14,7 @@ import uvicorn
 from kvwatch.simulator.app import build_app
 from kvwatch.simulator.model import Simulation
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
+from kvwatch.simulator.traces import ReceivedTrace
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -60,6 +61,11 @@ class RunningSimulator:
 
     def stats(self) -> dict[str, dict[str, Any]]:
         return dict(self.simulation.stats())
+
+    def traces(self, name: str) -> list[ReceivedTrace]:
+        """The trace headers of ``name``'s latest requests, oldest first."""
+        self.simulation[name]
+        return self.simulation.traces.of(name)
 
 
 # A simulated prefill or slow drip may sleep for minutes; on stop, uvicorn would wait for it.

@@ -44,6 +44,8 @@ PROBE_STATES = ("running", "done", "interrupted")
 REGION_LENGTH = 63
 # A tenant name (config: 1-63 letters, digits, '_', '.', '-'; never its key).
 TENANT_LENGTH = 63
+# A W3C / B3 trace id: 16 bytes in lower-case hex.
+TRACE_ID_LENGTH = 32
 ALERT_STATES = ("inactive", "pending", "firing", "resolved")
 
 
@@ -150,6 +152,9 @@ class Probe(Base):
     # One entry per marker when the prompt carried one per depth (migration 0008): depth,
     # marker as issued, outcome (null until judged). NULL for a single-marker probe.
     depth_outcomes: Mapped[list[dict[str, Any]] | None] = mapped_column(json_type())
+    # The trace id (32 hex digits) every request of the probe carried (migration 0010), to
+    # find the engine's spans; NULL with tracing off and for probes from before it.
+    trace_id: Mapped[str | None] = mapped_column(String(TRACE_ID_LENGTH))
 
 
 SERVED_WINDOW_SOURCES = ("search", "recovered")

@@ -350,6 +350,7 @@ def probe_row(row: Probe) -> ProbeRow:
         tenant=row.tenant,
         trigger_probe_id=row.trigger_probe_id,
         depths=depths_from_json(row.depth_outcomes),
+        trace_id=row.trace_id,
     )
 
 
@@ -375,6 +376,7 @@ def _add_probe(session: Session, p: NewProbe, *, state: ProbeState, **values: An
         "slot": p.slot,
         "tenant": p.tenant,
         "trigger_probe_id": p.trigger_probe_id,
+        "trace_id": p.trace_id,
         "foreign_markers": [],
         # The planned markers, unless the outcome (a whole probe at once) brings judged ones.
         "depth_outcomes": depths_to_json(p.placements) if p.placements else None,

@@ -37,6 +37,7 @@ class NewProbe:
     slot: int | None = None  # the scheduled slot (epoch seconds) it runs for
     tenant: str | None = None  # whose credentials it is sent with; None: the endpoint's key
     trigger_probe_id: int | None = None  # a bisect probe's trigger (the failing probe)
+    trace_id: str | None = None  # the trace its requests carried; None: trace format off
     # Every marker with its depth when the prompt carries one per depth (``marker`` is the
     # first); each is stored in ``markers`` too, so a leaked one names this probe.
     placements: Sequence[Placement] = ()
@@ -123,6 +124,7 @@ class ProbeRow:
     tenant: str | None = None  # whose credentials it was sent with; None: the endpoint's key
     trigger_probe_id: int | None = None  # a bisect probe's trigger (the failing probe)
     depths: tuple[DepthEvidence, ...] = ()  # empty for a single-marker probe
+    trace_id: str | None = None  # the trace its requests carried; None: off, or older rows
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

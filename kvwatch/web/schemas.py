@@ -190,6 +190,13 @@ class Probe(_Model):
         description="A bisect probe's trigger: the failing probe whose served window it "
         "helped measure."
     )
+    trace_id: str | None = Field(
+        default=None,
+        description="The trace id (32 hex digits) every request of the probe carried in its "
+        "traceparent (or b3) header, to find the engine's spans; null with tracing off and "
+        "for probes from before kvwatch sent one.",
+        pattern="^[0-9a-f]{32}$",
+    )
 
 
 class ProbePage(_Model):
@@ -362,6 +369,7 @@ def probe(settings: WebSettings, r: ProbeRow, confirmed_by: list[int]) -> Probe:
         confirms_probe_id=r.confirms_probe_id,
         trigger_probe_id=r.trigger_probe_id,
         confirmed_by=confirmed_by,
+        trace_id=r.trace_id,
     )
 
 

@@ -126,6 +126,16 @@ def test_show_prints_all_evidence_of_a_leak(config: Path, history: dict[str, int
         "issued 2026-03-01T12:03:00+00:00)" in lines
     )
     assert f'  answer:        "The code is {LEAKED}. Also: Alice\'s card 4111-1111"' in lines
+    assert f"  trace id:      {web.TRACE_ID}" in lines
+
+
+def test_show_says_a_probe_from_before_tracing_has_no_trace_id(
+    config: Path, history: dict[str, int]
+) -> None:
+    """A row stored without a trace id prints a dash, not an empty or invented id."""
+    code, out, _ = _cli("show", "--config", str(config), str(history["b-confirm"]))
+    assert code == 0
+    assert "  trace id:      -" in out.splitlines()
 
 
 def test_show_json_is_the_api_shape(config: Path, history: dict[str, int]) -> None:

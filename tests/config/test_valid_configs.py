@@ -349,3 +349,15 @@ def test_it_loads_discovery_sources_with_their_templates_and_anchors_file_globs(
     assert litellm.gateway.exclude == ["*-preview"]
     assert litellm.template.api_key_file is not None
     assert [spec.name for spec in config.resolved_endpoints()] == ["glm-prod"]
+
+
+def test_probes_send_w3c_traceparent_unless_told_otherwise() -> None:
+    """No trace section: W3C in its own header; b3 goes in `b3`; a named header is used."""
+    assert parse_config("endpoints: []\n", env={}).trace.model_dump() == {
+        "format": "w3c",
+        "header": None,
+    }
+    b3 = parse_config("trace: {format: b3}\n", env={}).trace
+    assert (b3.format, b3.header) == ("b3", None)
+    named = parse_config("trace: {header: X-Request-Trace}\n", env={}).trace
+    assert (named.format, named.header) == ("w3c", "x-request-trace")

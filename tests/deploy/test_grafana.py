@@ -17,6 +17,7 @@ from tests.deploy.tools import ROOT, require_tool
 
 GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "kvwatch-overview.json"
+RULES = ROOT / "deploy" / "prometheus" / "kvwatch-rules.yaml"
 COMPOSE = ROOT / "deploy" / "compose" / "docker-compose.yml"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # Grafana's macros and variables, replaced by values promtool can parse.
@@ -30,8 +31,19 @@ def dashboard() -> dict[str, Any]:
     return loaded
 
 
+def query_panels() -> list[dict[str, Any]]:
+    """Every panel but the rows, which only group the panels below them and query nothing."""
+    return [p for p in dashboard()["panels"] if p["type"] != "row"]
+
+
 def expressions() -> list[str]:
-    return [t["expr"] for p in dashboard()["panels"] for t in p["targets"]]
+    return [t["expr"] for p in query_panels() for t in p["targets"]]
+
+
+def recorded_series_names() -> set[str]:
+    """The series the shipped recording rules (the canary SLO group) make out of kvwatch's."""
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return {rule["record"] for group in groups for rule in group["rules"] if "record" in rule}
 
 
 def exported_series_names() -> set[str]:
@@ -72,8 +84,9 @@ def test_the_metric_lexer_finds_selectors_and_skips_functions_and_labels() -> No
 
 
 def test_every_panel_queries_only_metrics_kvwatch_exports() -> None:
-    """Each name in each panel's PromQL is a series of ProbeMetrics, DeliveryMetrics, or up."""
-    known = exported_series_names() | {"up"}
+    """Each name in each panel's PromQL is a series of ProbeMetrics, DeliveryMetrics, up, or
+    one the shipped recording rules record."""
+    known = exported_series_names() | recorded_series_names() | {"up"}
     used = set().union(*(metric_names(e) for e in expressions()))
     assert used, "no metric found in the dashboard"
     assert used <= known, f"not exported by kvwatch: {sorted(used - known)}"
@@ -91,6 +104,20 @@ def test_the_dashboard_covers_verdicts_durations_tokens_alerts_and_delivery() ->
     ):
         assert name in used, name
     assert any("histogram_quantile" in e for e in expressions())
+
+
+def test_the_slo_row_shows_the_sli_the_budget_left_and_every_alerting_burn_rate() -> None:
+    """Below a "Canary SLO" row: the recorded SLI, the budget remaining, and the burn rates
+    of the four long windows the burn-rate alerts watch."""
+    panels = dashboard()["panels"]
+    (row,) = [p for p in panels if p["type"] == "row" and p["title"] == "Canary SLO"]
+    below = [p for p in query_panels() if p["gridPos"]["y"] > row["gridPos"]["y"]]
+    queries = "\n".join(t["expr"] for p in below for t in p["targets"])
+    assert "kvwatch:canary_sli:ratio_rate1h" in queries
+    assert "kvwatch:canary_slo:objective" in queries
+    assert any("budget remaining" in p["title"].lower() for p in below)
+    for window in ("1h", "6h", "1d", "3d"):
+        assert f"kvwatch:canary_slo_burn:rate{window}{{" in queries, window
 
 
 def test_promtool_parses_every_panel_query(tmp_path: Path) -> None:
@@ -119,7 +146,7 @@ def test_the_dashboard_has_a_stable_uid_and_a_datasource_variable() -> None:
     assert variables["endpoint"]["datasource"] == DATASOURCE
     panel_ids = [p["id"] for p in board["panels"]]
     assert len(panel_ids) == len(set(panel_ids))
-    for panel in board["panels"]:
+    for panel in query_panels():
         assert panel["datasource"] == DATASOURCE, panel["title"]
         assert all(t["datasource"] == DATASOURCE for t in panel["targets"]), panel["title"]
 

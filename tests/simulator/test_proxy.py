@@ -129,6 +129,22 @@ async def test_healthy_requests_and_engine_routes_pass_through_unchanged(rig: Ri
                 assert via.json() == direct.json(), path
 
 
+@pytest.mark.parametrize("name", ["healthy", "head"])
+async def test_the_upstream_engine_receives_the_probes_trace_id(
+    rig: Rig, store: Store, name: str
+) -> None:
+    """Every request the proxy sends upstream for a probe, its own prompt counting and the
+    cut prompt included, carries the traceparent of the trace id stored with the probe."""
+    report = await rig.runner.run(rig.targets[name], UNDER)
+    assert report.probe_id is not None
+    row = store.get_probe(report.probe_id)
+    assert row is not None and row.trace_id is not None
+    received = rig.upstream.traces("engine")
+    assert "/v1/chat/completions" in {r.path for r in received}
+    traces = {r.headers.get("traceparent", "").split("-")[1:2] == [row.trace_id] for r in received}
+    assert traces == {True}, [r.headers for r in received]
+
+
 async def test_a_non_streamed_stream_error_fault_is_a_500(rig: Rig) -> None:
     """Without a stream there is no frame to fail in: the proxy answers 500 at once."""
     text = "word " * (POOL + 10)

@@ -83,7 +83,8 @@ def test_a_single_marker_probe_has_no_depth_list(store: Store, new_probe: NewPro
 def test_migration_0008_adds_depth_outcomes_to_old_rows_as_null_and_drops_it_back(
     db_url: str,
 ) -> None:
-    """A probe stored at 0005 survives 0008 with no depths; downgrading removes the column."""
+    """A probe stored at 0005 survives 0008 (and every later revision: the store reads the
+    newest schema) with no depths; downgrading removes the column."""
     engine = create_engine_for(db_url)
     try:
         upgrade_engine(engine, "0005")
@@ -91,7 +92,7 @@ def test_migration_0008_adds_depth_outcomes_to_old_rows_as_null_and_drops_it_bac
         tables.reflect(engine)
         with engine.begin() as c:
             insert_old_rows(c, tables, {"id": 7})
-        upgrade_engine(engine, "0008")
+        upgrade_engine(engine, "head")
         row = get_probe(Store(engine), 7)
         assert row is not None and row.depths == () and row.verdict == "pass"
         downgrade_engine(engine, "0005")

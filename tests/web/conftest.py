@@ -20,6 +20,8 @@ from tests.helpers.store import Store
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 NOW = T0 + timedelta(hours=1)
 LEAKED = "KVW-B0B0-B0B0-B0B0"
+# The trace the leaking probe's requests carried (its confirmation predates tracing: none).
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 AppFactory = Callable[..., FastAPI]
 
@@ -94,7 +96,7 @@ def history(store: Store) -> dict[str, int]:
     leak = ForeignMarker(
         marker=LEAKED, probe_id=ids["b-base"], endpoint="beta", issued_at=T0 + timedelta(minutes=3)
     )
-    ids["b-under"] = _probe(store, "beta", "under", 4, "KVW-CCCC-CCCC-CCC1")
+    ids["b-under"] = _probe(store, "beta", "under", 4, "KVW-CCCC-CCCC-CCC1", trace_id=TRACE_ID)
     store.finish_probe(
         ids["b-under"],
         _outcome(

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from kvwatch.web.settings import WebSettings
-from tests.web.conftest import LEAKED, AppFactory
+from tests.web.conftest import LEAKED, TRACE_ID, AppFactory
 
 
 def _leaked_probe(ids: dict[str, int], **overrides: Any) -> dict[str, Any]:
@@ -62,6 +62,7 @@ def _leaked_probe(ids: dict[str, int], **overrides: Any) -> dict[str, Any]:
         "confirms_probe_id": None,
         "confirmed_by": [ids["b-confirm"]],
         "trigger_probe_id": None,
+        "trace_id": TRACE_ID,
     }
     probe.update(overrides)
     return probe
@@ -173,6 +174,7 @@ def test_probes_are_filtered_and_paged_with_a_cursor(
                 duration_seconds=4.0,
                 confirms_probe_id=h["b-under"],
                 confirmed_by=[],
+                trace_id=None,
             )
         ],
         "next": h["b-confirm"],
