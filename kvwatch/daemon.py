@@ -50,7 +50,7 @@ from kvwatch.store.repository import Store
 from kvwatch.tokens.factory import build_counter
 from kvwatch.tokens.server import PieceCache
 from kvwatch.web.app import WebContext, WebSettings, create_app
-from kvwatch.web.server import embedded_server, split_listen
+from kvwatch.web.server import EmbeddedServer, embedded_server, split_listen
 from kvwatch.writebehind import ResultBuffer
 
 log = structlog.get_logger("kvwatch.daemon")
@@ -433,20 +433,7 @@ class Daemon:
             scheduler.start(built.targets)
             _start_loops(stack, built, scheduler, config)
             await self._start_discovery(stack, built)
-            host, port = split_listen(config.listen)
-            web = embedded_server(
-                create_app(
-                    WebContext(
-                        store=built.store,
-                        registry=built.registry,
-                        alive=lambda: scheduler.running,
-                        settings=web_settings(config),
-                        reload=self.reload,
-                    )
-                ),
-                host,
-                port,
-            )
+            web = self._web_server(built, scheduler)
             web_task = asyncio.create_task(web.serve(), name="web")
             log.info(
                 "started",
@@ -473,6 +460,18 @@ class Daemon:
             log.info("stopped")
             if web_task.done() and web_task.exception() is not None:
                 raise SystemExit(f"web server failed: {web_task.exception()}")
+
+    def _web_server(self, built: Built, scheduler: ProbeScheduler) -> EmbeddedServer:
+        """The UI, API and /metrics, served inside the daemon's event loop."""
+        host, port = split_listen(self.config.listen)
+        context = WebContext(
+            store=built.store,
+            registry=built.registry,
+            alive=lambda: scheduler.running,
+            settings=web_settings(self.config),
+            reload=self.reload,
+        )
+        return embedded_server(create_app(context), host, port)
 
     async def _start_discovery(self, stack: AsyncExitStack, built: Built) -> None:
         """Follow the discovery sources; their endpoints join through :meth:`_apply`."""

@@ -20,6 +20,7 @@ from kvwatch.probe.runner import ProbeRunner
 from kvwatch.simulator.server import RunningSimulator, run_simulator
 from kvwatch.simulator.spec import SimEndpoint
 from kvwatch.store.repository import Store
+from tests.helpers.store import get_probe
 from tests.helpers.targets import config_for, sim_endpoint_entry
 
 WINDOW = 8192
@@ -120,5 +121,5 @@ async def test_the_sources_kv_pool_is_checked_when_the_engine_reports_none(store
         report = await runner.run(targets["plain"], ProbeKind.CAPACITY)
         assert report.verdict is Verdict.CAPACITY_MISMATCH, report.reason
         assert report.probe_id is not None
-        row = store.get_probe(report.probe_id)
+        row = get_probe(store, report.probe_id)
         assert row is not None and row.verdict == "capacity_mismatch"

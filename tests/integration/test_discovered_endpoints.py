@@ -24,6 +24,7 @@ from kvwatch.store.errors import StoreError
 from kvwatch.store.records import AlertStateRecord
 from kvwatch.store.repository import Store
 from tests.helpers.processes import free_port
+from tests.helpers.store import get_probe
 
 T = TypeVar("T")
 
@@ -141,7 +142,7 @@ async def test_a_discovered_endpoint_is_probed_and_dropping_it_resolves_its_aler
             # The history stays: the probe that fired the alert among it.
             assert count >= 1
             assert alert.last_probe_id is not None
-            kept = observed.get_probe(alert.last_probe_id)
+            kept = get_probe(observed, alert.last_probe_id)
             assert kept is not None and kept.endpoint == "leaky"
             assert len(observed.list_probes(endpoint="fine", limit=1000)) > fine
     finally:

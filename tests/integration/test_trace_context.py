@@ -23,6 +23,7 @@ from kvwatch.simulator.server import RunningSimulator, run_simulator
 from kvwatch.simulator.spec import SimEndpoint
 from kvwatch.simulator.traces import ReceivedTrace
 from tests.helpers.alertmanager import free_port
+from tests.helpers.store import get_probe
 from tests.helpers.targets import config_for, sim_endpoint_entry
 
 TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-01")
@@ -63,7 +64,7 @@ async def test_every_request_of_a_probe_carries_the_stored_trace_id(
         received = sim.traces("traced")
         paths = {r.path for r in received}
         assert {"/v1/models", "/tokenize", "/v1/chat/completions"} <= paths, paths
-        row = built.store.get_probe(under.probe_id)
+        row = get_probe(built.store, under.probe_id)
         assert row is not None and row.trace_id is not None
         matches = ids(received, "traceparent", TRACEPARENT)
         assert {m.group(1) for m in matches} == {row.trace_id} == {under.trace_id}
@@ -74,7 +75,7 @@ async def test_every_request_of_a_probe_carries_the_stored_trace_id(
         (baseline,) = await built.runner.run_checked(target, ProbeKind.BASELINE)
         assert baseline.probe_id is not None
         later = sim.traces("traced")[len(received) :]
-        stored = built.store.get_probe(baseline.probe_id)
+        stored = get_probe(built.store, baseline.probe_id)
         assert stored is not None and stored.trace_id not in (None, row.trace_id)
         assert {m.group(1) for m in ids(later, "traceparent", TRACEPARENT)} == {stored.trace_id}
     finally:
@@ -90,7 +91,7 @@ async def test_b3_sends_the_single_b3_header_with_the_stored_trace_id(
     try:
         (under,) = await built.runner.run_checked(built.targets[0], ProbeKind.UNDER)
         assert under.probe_id is not None
-        row = built.store.get_probe(under.probe_id)
+        row = get_probe(built.store, under.probe_id)
         received = sim.traces("traced")
         assert row is not None and received
         assert {m.group(1) for m in ids(received, "b3", B3)} == {row.trace_id}
@@ -108,7 +109,7 @@ async def test_with_tracing_off_nothing_is_sent_and_no_id_is_stored(
     try:
         (under,) = await built.runner.run_checked(built.targets[0], ProbeKind.UNDER)
         assert under.probe_id is not None and under.trace_id is None
-        row = built.store.get_probe(under.probe_id)
+        row = get_probe(built.store, under.probe_id)
         assert row is not None and row.trace_id is None
         received = sim.traces("traced")
         assert received and all(r.headers == {} for r in received)
@@ -138,7 +139,7 @@ async def test_a_reload_changes_the_trace_format_of_the_next_probe(
         ok, message = await daemon.reload()
         assert ok, message
         after = await built.runner.run(built.targets[0], ProbeKind.BASELINE)
-        stored = [built.store.get_probe(r.probe_id) for r in (before, after) if r.probe_id]
+        stored = [get_probe(built.store, r.probe_id) for r in (before, after) if r.probe_id]
         assert [row.trace_id is not None for row in stored if row] == [True, False]
     finally:
         daemon.stop.set()

@@ -23,6 +23,7 @@ from kvwatch.simulator.proxy import PROXY_FAULTS, RunningProxy, run_proxy
 from kvwatch.simulator.server import RunningSimulator, run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.repository import Store
+from tests.helpers.store import get_probe
 from tests.helpers.targets import config_for, sim_endpoint_entry, targets_and_runner
 
 UNDER, OVER, BASE = ProbeKind.UNDER, ProbeKind.OVER, ProbeKind.BASELINE
@@ -137,7 +138,7 @@ async def test_the_upstream_engine_receives_the_probes_trace_id(
     cut prompt included, carries the traceparent of the trace id stored with the probe."""
     report = await rig.runner.run(rig.targets[name], UNDER)
     assert report.probe_id is not None
-    row = store.get_probe(report.probe_id)
+    row = get_probe(store, report.probe_id)
     assert row is not None and row.trace_id is not None
     received = rig.upstream.traces("engine")
     assert "/v1/chat/completions" in {r.path for r in received}

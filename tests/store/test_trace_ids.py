@@ -8,7 +8,7 @@ from sqlalchemy import MetaData, inspect, select
 from kvwatch.store import create_engine_for
 from kvwatch.store.migrate import downgrade_engine, upgrade_engine
 from kvwatch.store.models import Marker
-from tests.helpers.store import Store
+from tests.helpers.store import Store, get_probe
 from tests.store.conftest import NewProbeFactory, insert_old_rows, outcome
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -20,12 +20,12 @@ def test_the_trace_id_is_stored_at_the_start_and_kept_when_the_probe_finishes(
     """A running probe already has its trace id (a crash still links to the engine's spans);
     finishing it changes nothing; a probe sent with tracing off has none."""
     traced = store.begin_probe(new_probe(trace_id=TRACE_ID))
-    running = store.get_probe(traced)
+    running = get_probe(store, traced)
     assert running is not None and running.trace_id == TRACE_ID
     store.finish_probe(traced, outcome())
-    finished = store.get_probe(traced)
+    finished = get_probe(store, traced)
     assert finished is not None and finished.trace_id == TRACE_ID
-    untraced = store.get_probe(store.begin_probe(new_probe()))
+    untraced = get_probe(store, store.begin_probe(new_probe()))
     assert untraced is not None and untraced.trace_id is None
 
 
@@ -53,7 +53,7 @@ def test_migration_0010_leaves_old_probes_without_a_trace_id_and_drops_it_back(
                 )
             )
         upgrade_engine(engine, "head")
-        row = Store(engine).get_probe(7)
+        row = get_probe(Store(engine), 7)
         assert row is not None and row.trace_id is None and row.verdict == "pass"
         downgrade_engine(engine, "0009")
         columns = {c["name"] for c in inspect(engine).get_columns("probes")}
