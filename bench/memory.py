@@ -318,7 +318,8 @@ def top_sites(before: Path, after: Path) -> list[str]:
     old = tracemalloc.Snapshot.load(str(before)).filter_traces(keep)
     new = tracemalloc.Snapshot.load(str(after)).filter_traces(keep)
     lines = []
-    for stat in new.compare_to(old, "lineno")[:TOP_SITES]:
+    grown = sorted(new.compare_to(old, "lineno"), key=lambda s: s.size_diff, reverse=True)
+    for stat in grown[:TOP_SITES]:
         frame = stat.traceback[0]
         lines.append(
             f"| {_short(frame.filename)}:{frame.lineno} | {stat.size_diff / 1024:+.1f} "
