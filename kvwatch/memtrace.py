@@ -29,6 +29,8 @@ ENV = "KVWATCH_TRACEMALLOC"
 # Frames kept per allocation: enough to see who called the allocating line, few enough that
 # tracing does not double the heap it measures.
 FRAMES = 5
+# Longest a child may take to write one snapshot (a large heap's takes tens of seconds).
+CHILD_SECONDS = 600
 
 log = structlog.get_logger("kvwatch.memtrace")
 
@@ -51,6 +53,9 @@ class MemTrace:
         pid = os.fork()
         if pid == 0:  # the child: write, and leave without the parent's exit handlers
             code = 1
+            # Another thread may have held tracemalloc's lock at the fork (only this thread
+            # lives on in the child): a child stuck on it is killed rather than left behind.
+            signal.alarm(CHILD_SECONDS)
             try:
                 _write(path)
                 code = 0
