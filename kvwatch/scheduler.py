@@ -255,6 +255,9 @@ class ProbeScheduler:
             running.discard(task)
             if not running:
                 self._running.pop(target.spec.name, None)
+                # A run that started after its endpoint was removed made a gate again.
+                if target.spec.name not in self._targets:
+                    self._endpoint_gates.pop(target.spec.name, None)
 
     async def shutdown(self, grace: float) -> None:
         """Stop scheduling, give in-flight probes ``grace`` seconds, then interrupt them."""

@@ -47,3 +47,25 @@ async def test_a_removed_endpoint_leaves_no_job_due_time_or_gate() -> None:
         "scheduler_endpoint_gates": 1,
         "scheduler_running": 0,
     }
+
+
+class Runner:
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    async def run_slot(self, target, kind, slot, *, scheduled=None):  # type: ignore[no-untyped-def]
+        self.ran.append(target.spec.name)
+        return []
+
+
+async def test_a_run_that_starts_after_its_endpoint_went_leaves_no_gate() -> None:
+    """APScheduler may start a run submitted just before the removal: it runs, and the
+    endpoint's gate it needed goes with it."""
+    runner = Runner()
+    scheduler = ProbeScheduler(runner=runner)  # type: ignore[arg-type]
+    gone = target("gone")
+    scheduler.add(gone)  # type: ignore[arg-type]
+    scheduler.remove("gone", [ProbeKind.UNDER, ProbeKind.OVER])
+    await scheduler._run(gone, ProbeKind.UNDER)  # type: ignore[arg-type]
+    assert runner.ran == ["gone"]
+    assert scheduler.sizes()["scheduler_endpoint_gates"] == 0
