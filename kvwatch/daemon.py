@@ -449,7 +449,7 @@ async def _retire(built: Built, scheduler: ProbeScheduler, spec: EndpointSpec) -
     alerts and drop its series."""
     name = spec.name
     scheduler.remove(name, spec.probes)
-    built.clients.retire(name, idle=functools.partial(scheduler.idle, name))
+    built.clients.retire(name, idle=functools.partial(_idle_then_forget, built, scheduler, spec))
     if built.alerts is not None:
         retired = built.alerts.retire(name)
         try:
@@ -459,6 +459,16 @@ async def _retire(built: Built, scheduler: ProbeScheduler, spec: EndpointSpec) -
         else:
             built.alerts.committed(retired)
     built.metrics.forget_endpoint(name, spec.model, spec.flavour, [k.value for k in spec.probes])
+
+
+async def _idle_then_forget(built: Built, scheduler: ProbeScheduler, spec: EndpointSpec) -> None:
+    """Wait for a removed endpoint's last running probe, then drop its series again: that
+    probe's result, recorded after the removal, made them anew (for good: no later removal
+    would come for them)."""
+    await scheduler.idle(spec.name)
+    if not scheduler.schedules(spec.name):  # not added again meanwhile
+        kinds = [k.value for k in spec.probes]
+        built.metrics.forget_endpoint(spec.name, spec.model, spec.flavour, kinds)
 
 
 def _sizes(built: Built, scheduler: ProbeScheduler) -> dict[str, int]:

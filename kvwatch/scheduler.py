@@ -171,6 +171,10 @@ class ProbeScheduler:
             if self._scheduler.get_job(job_id(endpoint, kind)):
                 self._scheduler.remove_job(job_id(endpoint, kind))
 
+    def schedules(self, endpoint: str) -> bool:
+        """Whether ``endpoint`` has a job (it is configured now)."""
+        return endpoint in self._targets
+
     def sizes(self) -> dict[str, int]:
         """Entries of the maps kept per endpoint or job (see metrics.SizesCollector)."""
         return {
