@@ -38,6 +38,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
@@ -148,7 +149,7 @@ def write_config(
 
 def read_web(client: httpx.Client, base: str, fleet: Fleet) -> int:
     """Fetch the UI's pages and the API's reads once; returns how many answered 200."""
-    name = next(iter(fleet.active))
+    name = next(reversed(fleet.active))  # the newest: the next churn keeps it
     paths = [
         "/",
         f"/endpoints/{name}",
@@ -170,6 +171,16 @@ def read_web(client: httpx.Client, base: str, fleet: Fleet) -> int:
                 for page in (f"/probes/{probes[0]['id']}", f"/api/v1/probes/{probes[0]['id']}"):
                     ok += client.get(base + page).status_code == 200
     return ok
+
+
+def read_web_every(every: float, base: str, fleet: Fleet, run: Run, stop: threading.Event) -> None:
+    """Read the web UI every ``every`` seconds until ``stop``; in a thread of its own, so a
+    slow page does not delay the RSS samples."""
+    with httpx.Client(timeout=120) as client:
+        while not stop.wait(every):
+            run.web_reads += 1
+            with contextlib.suppress(httpx.HTTPError):
+                run.web_ok += read_web(client, base, fleet)
 
 
 def internal_entries(client: httpx.Client, base: str) -> dict[str, float]:
@@ -262,7 +273,14 @@ def measure(opts: Options, tmp: Path) -> Run:
             start = time.monotonic()
             end = start + opts.warmup + opts.duration
             next_sample = start + opts.sample_every
-            next_web = start + opts.web_every if opts.web_every else float("inf")
+            stop_reading = threading.Event()
+            reader = threading.Thread(
+                target=read_web_every,
+                args=(opts.web_every, base, fleet, run, stop_reading),
+                daemon=True,
+            )
+            if opts.web_every:
+                reader.start()
             next_churn = start + opts.churn_every if opts.churn_every else float("inf")
             window_started = False
             snaps: list[Path] = []
@@ -289,11 +307,6 @@ def measure(opts: Options, tmp: Path) -> Run:
                     next_sample += opts.sample_every
                 if now >= end:
                     break
-                if now >= next_web:
-                    run.web_reads += 1
-                    with contextlib.suppress(httpx.HTTPError):
-                        run.web_ok += read_web(client, base, fleet)
-                    next_web += opts.web_every
                 if now >= next_churn:
                     fleet.churn(opts.churn)
                     write_config(opts, fleet, config, sim_url, db_url, listen)
@@ -301,7 +314,10 @@ def measure(opts: Options, tmp: Path) -> Run:
                     with contextlib.suppress(httpx.HTTPError):
                         run.reloads_ok += client.post(base + "/-/reload").status_code == 200
                     next_churn += opts.churn_every
-                time.sleep(max(0.0, min(next_sample, next_web, next_churn, end) - time.monotonic()))
+                time.sleep(max(0.0, min(next_sample, next_churn, end) - time.monotonic()))
+            stop_reading.set()
+            if reader.is_alive():
+                reader.join()
             run.entries_end = internal_entries(client, base)
             if trace_prefix is not None:
                 snaps.append(snapshot(proc, trace_prefix, 2))
