@@ -100,8 +100,10 @@ def run(config_path: Path | None, grace: float) -> None:
         logs.configure("info")
         asyncio.run(run_demo(grace_seconds=grace))
         return
-    from kvwatch import memtrace
+    from kvwatch import arenas, memtrace
 
+    # Before any thread of the daemon allocates (see kvwatch/arenas.py).
+    arenas.limit_arenas()
     # Started before the config is read, so every allocation of the daemon is traced.
     trace = memtrace.start_from_env()
     config = _load(config_path)
