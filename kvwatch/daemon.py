@@ -481,7 +481,7 @@ def _sizes(built: Built, scheduler: ProbeScheduler) -> dict[str, int]:
         **scheduler.sizes(),
     }
     if built.alerts is not None:
-        sizes["alert_states"] = len(built.alerts)
+        sizes["alert_states"] = built.alerts.state_count
     return sizes
 
 

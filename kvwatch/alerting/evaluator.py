@@ -158,7 +158,10 @@ class AlertEvaluator:
         for endpoint in gone:
             del self._retired[endpoint]
 
-    def __len__(self) -> int:
+    @property
+    def state_count(self) -> int:
+        """States held (not ``__len__``: an evaluator holding none must stay truthy, the
+        runner tests its alert hook with ``if``)."""
         return len(self._states)
 
     def records(self) -> list[AlertStateRecord]:

@@ -51,7 +51,7 @@ def test_a_retired_endpoints_states_are_forgotten_after_their_resolution_was_kep
     clock.now += timedelta(minutes=14)
     assert len(alerts.records()) == 1
     clock.now += timedelta(minutes=2)
-    assert alerts.records() == [] and len(alerts) == 0
+    assert alerts.records() == [] and alerts.state_count == 0
 
 
 def test_an_endpoint_configured_again_keeps_its_states() -> None:
