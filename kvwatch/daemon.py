@@ -445,8 +445,8 @@ def _start_loops(
 
 
 async def _retire(built: Built, scheduler: ProbeScheduler, spec: EndpointSpec) -> None:
-    """An endpoint left the config: unschedule it, close its client once idle, resolve its
-    alerts and drop its series."""
+    """An endpoint left the config: unschedule it, resolve its alerts, drop its series, and
+    once it is idle drop them again (a probe in flight made them anew) and close its client."""
     name = spec.name
     scheduler.remove(name, spec.probes)
     built.clients.retire(name, idle=functools.partial(_idle_then_forget, built, scheduler, spec))
