@@ -1,21 +1,47 @@
-"""Run benchmarks by name: ``python -m bench [planner ...]`` (no name: all)."""
+"""Run benchmarks by name: ``python -m bench [planner ...]`` (no name: all).
+
+``python -m bench NAME --option ...``: options after one name go to that benchmark.
+"""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-BENCHMARKS = ("planner", "calibration", "detection", "history", "soak", "scale", "served")
+BENCHMARKS = (
+    "planner",
+    "calibration",
+    "detection",
+    "history",
+    "soak",
+    "scale",
+    "served",
+    "memory",
+)
+# Benchmarks whose main() takes its command-line options (the others take none).
+WITH_OPTIONS = ("history", "scale", "memory")
 
 
 def main(argv: list[str]) -> int:
-    names = argv or list(BENCHMARKS)
+    first_option = next((i for i, a in enumerate(argv) if a.startswith("-")), len(argv))
+    names, options = argv[:first_option] or list(BENCHMARKS), argv[first_option:]
     for name in names:
         if name not in BENCHMARKS:
             print(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}", file=sys.stderr)
             return 2
+    if options and (len(names) != 1 or names[0] not in WITH_OPTIONS):
+        print(
+            f"options go to one benchmark of {', '.join(WITH_OPTIONS)}: "
+            "python -m bench NAME --option ...",
+            file=sys.stderr,
+        )
+        return 2
     for name in names:
-        importlib.import_module(f"bench.{name}").main()
+        module = importlib.import_module(f"bench.{name}")
+        if name in WITH_OPTIONS:
+            module.main(options)
+        else:
+            module.main()
     return 0
 
 

@@ -107,12 +107,20 @@ def run(config_path: Path | None, grace: float) -> None:
         logs.configure("info")
         asyncio.run(run_demo(grace_seconds=grace))
         return
+    from kvwatch import arenas, memtrace
+
+    # Before any thread of the daemon allocates (see kvwatch/arenas.py).
+    arenas.limit_arenas()
+    # Started before the config is read, so every allocation of the daemon is traced.
+    trace = memtrace.start_from_env()
     config = _load(config_path)
     logs.configure(config.log_level)
 
     async def main_() -> None:
         daemon = Daemon(config, config_path=config_path or DEFAULT_CONFIG, grace_seconds=grace)
         daemon.install_signal_handlers()
+        if trace is not None:
+            trace.install(asyncio.get_running_loop())
         await daemon.run()
 
     try:

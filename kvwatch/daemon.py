@@ -14,7 +14,7 @@ import signal
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -25,7 +25,7 @@ from pydantic import SecretStr
 from kvwatch import __version__
 from kvwatch.alerting.alertmanager import AlertmanagerSettings, TLSSettings
 from kvwatch.alerting.delivery import Delivery
-from kvwatch.alerting.evaluator import AlertEvaluator
+from kvwatch.alerting.evaluator import KEEP_RETIRED, AlertEvaluator
 from kvwatch.alerting.policy import default_policy
 from kvwatch.canary.counting import TokenCounter
 from kvwatch.config import Config, ConfigError, EndpointSpec, capacity_violations, load_config
@@ -36,7 +36,13 @@ from kvwatch.engines.base import Engine
 from kvwatch.engines.clients import EndpointClients
 from kvwatch.engines.factory import build_engine
 from kvwatch.engines.tracing import TraceFormat, TraceSettings, instrument
-from kvwatch.metrics import ConfigMetrics, DiscoveryMetrics, ProbeMetrics, ServedWindowCollector
+from kvwatch.metrics import (
+    ConfigMetrics,
+    DiscoveryMetrics,
+    ProbeMetrics,
+    ServedWindowCollector,
+    SizesCollector,
+)
 from kvwatch.probe.model import EndpointState, Target
 from kvwatch.probe.runner import ProbeRunner
 from kvwatch.retention import retention_loop
@@ -251,13 +257,17 @@ async def build(config: Config, *, upgrade: bool = True, alerting: bool = True) 
     delivery = None
     if alerting:
         base = public_base_url(config)
+        settings = alertmanager_settings(config)
         alerts = AlertEvaluator(
             policy=default_policy(region=config.region),
             states=await asyncio.to_thread(store.load_alert_states),
             probe_url=lambda probe_id: f"{base}/probes/{probe_id}",
+            # A removed endpoint's resolutions are kept for as long as delivery re-sends them.
+            keep_retired=(
+                KEEP_RETIRED if settings is None else timedelta(seconds=settings.resolved_retention)
+            ),
         )
         runner.alert_hook = alerts
-        settings = alertmanager_settings(config)
         if settings is not None:
 
             async def current_states() -> list[AlertStateRecord]:
@@ -389,12 +399,14 @@ class Daemon:
             if previous is not None:
                 dropped = [k for k in previous.spec.probes if k not in target.spec.probes]
                 scheduler.remove(target.spec.name, dropped)
-                built.metrics.forget_endpoint(
-                    previous.spec.name,
-                    previous.spec.model,
-                    previous.spec.flavour,
-                    [k.value for k in dropped],
-                )
+                built.metrics.forget_kinds(previous.spec.name, [k.value for k in dropped])
+                # build_targets has just set the info series of the new spec: removing the
+                # old one when it has the same labels would remove that one.
+                was, now = previous.spec, target.spec
+                if (was.model, was.flavour) != (now.model, now.flavour):
+                    built.metrics.forget_info(was.name, was.model, was.flavour)
+            elif built.alerts is not None:
+                built.alerts.revive(target.spec.name)
             scheduler.add(target)
         fresh_names = {t.spec.name for t in fresh}
         built.targets = [t for t in built.targets if t.spec.name in specs]
@@ -430,6 +442,7 @@ class Daemon:
                 stack.push_async_callback(_stop_delivery, built.delivery, delivery_task)
             scheduler = ProbeScheduler(built.runner)
             self._scheduler = scheduler
+            built.registry.register(SizesCollector(functools.partial(_sizes, built, scheduler)))
             scheduler.start(built.targets)
             _start_loops(stack, built, scheduler, config)
             await self._start_discovery(stack, built)
@@ -526,10 +539,11 @@ def _removal_reason(spec: EndpointSpec, config: Config) -> str:
 
 async def _retire(built: Built, scheduler: ProbeScheduler, spec: EndpointSpec, reason: str) -> None:
     """An endpoint is no longer probed: unschedule it, close its client once idle, resolve
-    its alerts with ``reason`` and drop its series. Its history stays in the database."""
+    its alerts with ``reason`` and drop its series, and once it is idle drop them again (a
+    probe in flight made them anew). Its history stays in the database."""
     name = spec.name
     scheduler.remove(name, spec.probes)
-    built.clients.retire(name, idle=functools.partial(scheduler.idle, name))
+    built.clients.retire(name, idle=functools.partial(_idle_then_forget, built, scheduler, spec))
     if built.alerts is not None:
         retired = built.alerts.retire(name, reason)
         try:
@@ -539,6 +553,30 @@ async def _retire(built: Built, scheduler: ProbeScheduler, spec: EndpointSpec, r
         else:
             built.alerts.committed(retired)
     built.metrics.forget_endpoint(name, spec.model, spec.flavour, [k.value for k in spec.probes])
+
+
+async def _idle_then_forget(built: Built, scheduler: ProbeScheduler, spec: EndpointSpec) -> None:
+    """Wait for a removed endpoint's last running probe, then drop its series again: that
+    probe's result, recorded after the removal, made them anew (for good: no later removal
+    would come for them)."""
+    await scheduler.idle(spec.name)
+    if not scheduler.schedules(spec.name):  # not added again meanwhile
+        kinds = [k.value for k in spec.probes]
+        built.metrics.forget_endpoint(spec.name, spec.model, spec.flavour, kinds)
+
+
+def _sizes(built: Built, scheduler: ProbeScheduler) -> dict[str, int]:
+    """What kvwatch_internal_entries exports: the long-lived maps kept per endpoint."""
+    sizes = {
+        "targets": len(built.targets),
+        "http_clients": len(built.clients),
+        "results_buffered": len(built.runner.results),
+        **built.metrics.sizes(),
+        **scheduler.sizes(),
+    }
+    if built.alerts is not None:
+        sizes["alert_states"] = built.alerts.state_count
+    return sizes
 
 
 async def _flush_and_cancel(results: ResultBuffer, task: asyncio.Task[None]) -> None:

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from kvwatch import __version__
@@ -19,6 +20,8 @@ from kvwatch.canary.model import HEALTHY, INCONCLUSIVE, Verdict
 # Up to 10 minutes: a 1M-token prefill on a busy engine legitimately takes minutes.
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180, 300, 450, 600)
 _LABELS = ("endpoint", "probe")
+# The ``type`` label values of kvwatch_canary_tokens.
+TOKEN_TYPES = ("prompt", "completion")
 
 
 class ProbeMetrics:
@@ -108,6 +111,8 @@ class ProbeMetrics:
             registry=registry,
         )
         # The pair each (endpoint, kind) series is labelled with now, to replace it.
+        # These three caches hold one entry per configured endpoint and kind: bounded by
+        # the configuration, as forget_endpoint drops a removed endpoint's entries.
         self._leak_pairs: dict[tuple[str, str], tuple[str, str]] = {}
         self._series: dict[tuple[str, str], _KindSeries] = {}
         self._tokens: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -127,27 +132,69 @@ class ProbeMetrics:
             self.interval.labels(endpoint, kind).set(interval)
 
     def forget_endpoint(self, endpoint: str, model: str, flavour: str, kinds: list[str]) -> None:
-        """Drop a removed endpoint's series, so it does not look stale (and page) forever."""
+        """Drop a removed endpoint's series, so it does not look stale (and page) forever,
+        and every child and cache kept for it, so a fleet that churns does not grow."""
+        self.forget_info(endpoint, model, flavour)
+        self.forget_kinds(endpoint, kinds)
+
+    def forget_info(self, endpoint: str, model: str, flavour: str) -> None:
+        """Drop the endpoint's info series (a reload that changes its model or flavour
+        replaces it; one that keeps them must not call this)."""
         with contextlib.suppress(KeyError):
             self.endpoint_info.remove(endpoint, model, flavour)
-        per_kind = (
+
+    def forget_kinds(self, endpoint: str, kinds: list[str]) -> None:
+        """Drop every series of ``endpoint`` labelled with one of ``kinds`` (and the cached
+        children behind them): ``remove`` on each labelled metric, for every label value
+        the endpoint may have used."""
+        per_kind: tuple[MetricWrapperBase, ...] = (
             self.success,
             self.last_run,
             self.last_success,
             self.interval,
+            self.duration,
             self.planned_tokens,
             self.reported_tokens,
         )
+        per_verdict: tuple[MetricWrapperBase, ...] = (self.probes, self.failures, self.last_verdict)
         for kind in kinds:
             self._series.pop((endpoint, kind), None)
             self._tokens.pop((endpoint, kind), None)
             self._drop_leak_pair(endpoint, kind)
-            for gauge in per_kind:
+            for metric in per_kind:
                 with contextlib.suppress(KeyError):
-                    gauge.remove(endpoint, kind)
-            for verdict in Verdict:
+                    metric.remove(endpoint, kind)
+            for metric in per_verdict:
+                for verdict in Verdict:
+                    with contextlib.suppress(KeyError):
+                        metric.remove(endpoint, kind, verdict.value)
+            for token_type in TOKEN_TYPES:
                 with contextlib.suppress(KeyError):
-                    self.last_verdict.remove(endpoint, kind, verdict.value)
+                    self.canary_tokens.remove(endpoint, kind, token_type)
+
+    def sizes(self) -> dict[str, int]:
+        """Entries held per endpoint and kind (see :class:`SizesCollector`)."""
+        labelled = (
+            self.success,
+            self.last_run,
+            self.last_success,
+            self.interval,
+            self.duration,
+            self.planned_tokens,
+            self.reported_tokens,
+            self.probes,
+            self.failures,
+            self.last_verdict,
+            self.canary_tokens,
+            self.endpoint_info,
+            self.cross_tenant_leak,
+        )
+        return {
+            "metric_children": sum(_children(m) for m in labelled),
+            "metric_series_cache": len(self._series),
+            "metric_token_cache": len(self._tokens),
+            "metric_leak_pairs": len(self._leak_pairs),
+        }
 
     def observe_cross_tenant_leak(
         self, *, endpoint: str, kind: str, source_tenant: str, tenant: str, at: datetime
@@ -207,8 +254,8 @@ class ProbeMetrics:
         tokens = self._tokens.get(key)
         if tokens is None:
             tokens = self._tokens[key] = (
-                self.canary_tokens.labels(endpoint, kind, "prompt"),
-                self.canary_tokens.labels(endpoint, kind, "completion"),
+                self.canary_tokens.labels(endpoint, kind, TOKEN_TYPES[0]),
+                self.canary_tokens.labels(endpoint, kind, TOKEN_TYPES[1]),
             )
         if reported is not None:
             tokens[0].inc(reported)
@@ -234,6 +281,38 @@ class ProbeMetrics:
         return series
 
 
+def _children(metric: Any) -> int:
+    """How many labelled children ``metric`` holds (prometheus_client keeps them in
+    ``_metrics``; no public API counts them)."""
+    return len(getattr(metric, "_metrics", ()))
+
+
+class SizesCollector(Collector):
+    """``kvwatch_internal_entries``: how many entries kvwatch's long-lived maps hold.
+
+    Read at scrape time from the callables given (``len`` of a dict: cheap). It lets a soak
+    run or an operator see that a removed endpoint's entries went with it, and which map
+    grows if memory does (issue 25).
+    """
+
+    def __init__(self, sizes: Callable[[], Mapping[str, int]]) -> None:
+        self._sizes = sizes
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "kvwatch_internal_entries",
+            "Entries held by a long-lived in-memory map of kvwatch, by map.",
+            labels=["map"],
+        )
+        for name, size in sorted(self._sizes().items()):
+            family.add_metric([name], size)
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
+        # Registration must not call the sizes (the daemon is not built yet).
+        return iter(())
+
+
 @dataclass(slots=True)
 class _KindSeries:
     """One endpoint and kind's labelled children (prometheus_client's, typed loosely)."""
@@ -245,6 +324,7 @@ class _KindSeries:
     planned: Any
     reported: Any
     labels: tuple[str, str]
+    # Bounded: two counters times the verdicts, and one gauge child per verdict.
     counters: dict[tuple[int, Verdict], Any] = field(default_factory=dict)
     verdicts: dict[Verdict, Any] = field(default_factory=dict)
     shown: Verdict | None = None

@@ -88,7 +88,8 @@ class ProbeScheduler:
         self._runner = runner
         self._scheduler = AsyncIOScheduler(timezone=UTC)
         # Running probe tasks by endpoint, so a removed endpoint's client is closed only
-        # after its last probe (see idle).
+        # after its last probe (see idle). These maps hold at most one entry per configured
+        # endpoint (or job, for _due): remove() drops a removed one's, _run its empty sets.
         self._running: dict[str, set[asyncio.Task[object]]] = {}
         self._targets: dict[str, Target] = {}
         self._first_run_within = first_run_within
@@ -155,15 +156,34 @@ class ProbeScheduler:
             )
 
     def remove(self, endpoint: str, kinds: Iterable[ProbeKind]) -> None:
+        """Unschedule ``kinds`` of ``endpoint``, forgetting what was kept for their jobs
+        (and for the endpoint, once none of its kinds is left)."""
+        kinds = set(kinds)
         target = self._targets.get(endpoint)
         if target is not None:
-            left = [k for k in target.spec.probes if k not in set(kinds)]
+            left = [k for k in target.spec.probes if k not in kinds]
             if not left:
                 del self._targets[endpoint]
                 self._endpoint_gates.pop(endpoint, None)
         for kind in kinds:
+            # A run submitted but not started when its job goes would leave its due time.
+            self._due.pop(job_id(endpoint, kind), None)
             if self._scheduler.get_job(job_id(endpoint, kind)):
                 self._scheduler.remove_job(job_id(endpoint, kind))
+
+    def schedules(self, endpoint: str) -> bool:
+        """Whether ``endpoint`` has a job (it is configured now)."""
+        return endpoint in self._targets
+
+    def sizes(self) -> dict[str, int]:
+        """Entries of the maps kept per endpoint or job (see metrics.SizesCollector)."""
+        return {
+            "scheduler_targets": len(self._targets),
+            "scheduler_jobs": len(self._scheduler.get_jobs()),
+            "scheduler_due": len(self._due),
+            "scheduler_endpoint_gates": len(self._endpoint_gates),
+            "scheduler_running": len(self._running),
+        }
 
     async def sweep_expired(self, store: Store, every: float = 15.0) -> None:
         """Retry slots whose claim expired undone: their replica died mid-probe.
@@ -239,6 +259,9 @@ class ProbeScheduler:
             running.discard(task)
             if not running:
                 self._running.pop(target.spec.name, None)
+                # A run that started after its endpoint was removed made a gate again.
+                if target.spec.name not in self._targets:
+                    self._endpoint_gates.pop(target.spec.name, None)
 
     async def shutdown(self, grace: float) -> None:
         """Stop scheduling, give in-flight probes ``grace`` seconds, then interrupt them."""

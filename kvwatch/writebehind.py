@@ -53,6 +53,8 @@ class ResultBuffer:
         self._store = store
         # Starts and results go through one writer thread, grouped into shared commits.
         self._writer = GroupWriter(store)
+        # Bounded by ``limit`` (10,000 results by default): when full, the oldest is dropped
+        # and counted in kvwatch_results_dropped_total.
         self._queue: deque[PendingResult] = deque()
         self._limit = limit
         self._retry_every = retry_every

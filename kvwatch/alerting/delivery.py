@@ -134,11 +134,13 @@ class Delivery:
         self._wake = asyncio.Event()
         # Per Alertmanager: what it last accepted of each alert, and when a failed one may be
         # tried again. In memory on purpose: after a restart everything is sent again.
+        # Bounded by the live alerts: every cycle drops the keys of alerts no longer sent.
         self._sent: dict[str, dict[_Key, _Sent]] = {c.name: {} for c in self._clients}
         self._retry_at: dict[str, dict[_Key, datetime]] = {c.name: {} for c in self._clients}
         self._resend = timedelta(seconds=settings.resend_interval)
         self._retention = timedelta(seconds=settings.resolved_retention)
         self._retry = timedelta(seconds=settings.retry_interval)
+        # Bounded by the policy's alert names (an unknown one in the store is added once).
         self._known_alertnames = set(alertnames)
         for client in self._clients:
             # Zero series from the start, so rate() and absent() work before the first page.

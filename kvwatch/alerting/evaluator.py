@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from kvwatch.alerting.policy import AlertingPolicy
 from kvwatch.alerting.state import (
@@ -28,6 +28,11 @@ from kvwatch.store.records import AlertStateRecord, ServedWindowRecord
 
 # The annotation that says why an alert resolved without a recovery (its endpoint went).
 RESOLVED_REASON = "resolved_reason"
+
+# How long a removed endpoint's resolved alerts stay in memory: as long as delivery re-sends
+# a resolution (AlertmanagerSettings.resolved_retention's default), so every Alertmanager
+# learns of it; after that they are dropped, or a fleet that churns would keep them all.
+KEEP_RETIRED = timedelta(minutes=15)
 
 # Probe kinds whose failures the served window explains.
 _WINDOW_PROBES = frozenset(k.value for k in WINDOW_KINDS)
@@ -49,9 +54,15 @@ class AlertEvaluator:
         probe_url: Callable[[int], str],
         wake: Callable[[], None] = lambda: None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        keep_retired: timedelta = KEEP_RETIRED,
     ) -> None:
         self._policy = policy
+        # At most a few states per configured endpoint (alert name x probe kind); a removed
+        # endpoint's go once their resolution has been re-sent (keep_retired).
         self._states = {s.key: s for s in map(AlertState.from_record, states)}
+        # Endpoints removed by a reload, and when (at most those removed in keep_retired).
+        self._retired: dict[str, datetime] = {}
+        self._keep_retired = keep_retired
         self._probe_url = probe_url
         self.wake = wake
         self._clock = clock
@@ -87,6 +98,7 @@ class AlertEvaluator:
         for record in records:
             state = AlertState.from_record(record)
             self._states[state.key] = state
+        self._forget_retired()
         if records:
             self.wake()
 
@@ -115,8 +127,12 @@ class AlertEvaluator:
     def retire(self, endpoint: str, reason: str) -> list[AlertStateRecord]:
         """An endpoint is no longer probed: resolve its firing alerts, saying why in their
         ``resolved_reason`` annotation (nothing recovered: the checks stopped), and drop its
-        pending ones."""
+        pending ones.
+
+        Its states are forgotten ``keep_retired`` later (unless :meth:`revive` says it is back).
+        """
         now = self._clock()
+        self._retired[endpoint] = now
         records = []
         for state in self._states.values():
             if state.endpoint != endpoint or state.state not in ("firing", "pending"):
@@ -136,9 +152,31 @@ class AlertEvaluator:
             records.append(AlertStateRecord(**dataclasses.asdict(retired)))
         return records
 
+    def revive(self, endpoint: str) -> None:
+        """``endpoint`` is configured again: its states are its own again, not to be dropped."""
+        self._retired.pop(endpoint, None)
+
+    def _forget_retired(self) -> None:
+        if not self._retired:
+            return
+        cutoff = self._clock() - self._keep_retired
+        gone = {e for e, at in self._retired.items() if at <= cutoff}
+        if not gone:
+            return
+        self._states = {k: s for k, s in self._states.items() if s.endpoint not in gone}
+        for endpoint in gone:
+            del self._retired[endpoint]
+
+    @property
+    def state_count(self) -> int:
+        """States held (not ``__len__``: an evaluator holding none must stay truthy, the
+        runner tests its alert hook with ``if``)."""
+        return len(self._states)
+
     def records(self) -> list[AlertStateRecord]:
         """Every current state: what delivery sends (from memory, so paging goes on while
         the database is unreachable)."""
+        self._forget_retired()
         return [AlertStateRecord(**dataclasses.asdict(s)) for s in self._states.values()]
 
     def firing(self) -> list[AlertKey]:

@@ -121,7 +121,7 @@ FULL_STOP = "."
 POOL_SIZE = 4096
 
 
-@functools.cache
+@functools.cache  # no arguments: one entry
 def vocabulary() -> tuple[str, ...]:
     """Every piece the generator can emit (the set whose token counts are cached)."""
     words = {
@@ -156,7 +156,7 @@ def sentences(rng: random.Random) -> Iterator[list[str]]:
         yield pieces
 
 
-@functools.cache
+@functools.cache  # no arguments: one entry
 def sentence_pool() -> tuple[tuple[str, ...], ...]:
     """:data:`POOL_SIZE` sentences, each as its pieces, the same in every process (a fixed
     seed: a probe's randomness is in which sentences it draws and in what order)."""

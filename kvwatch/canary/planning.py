@@ -165,7 +165,7 @@ class Costs:
     mean_sentence: int
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)  # one per distinct tokenizer; 64 bounds a fleet of many
 def piece_costs(vocabulary_counts: tuple[int, ...]) -> Costs:
     """Costs from the token count of each :func:`filler.vocabulary` piece, in its order.
 

@@ -57,6 +57,8 @@ class EndpointClients:
 
     def __init__(self) -> None:
         self._tls = httpx.create_ssl_context()
+        # One client per configured endpoint (retire pops a removed one's); _closing holds the
+        # removed ones still waiting for their last probe, each gone once it is closed.
         self._clients: dict[str, httpx.AsyncClient] = {}
         self._closing: set[asyncio.Task[None]] = set()
 

@@ -240,7 +240,7 @@ def _merge(session: Session, rows: list[dict[str, Any]]) -> None:
     session.execute(_merge_statement(session.get_bind().dialect.name), rows)
 
 
-@functools.cache
+@functools.cache  # one entry per SQL dialect
 def _merge_statement(dialect: str) -> Any:
     """The upsert that adds rows to ``probe_rollups``, compiled once per dialect: it runs
     for every finished probe (see :mod:`kvwatch.store.statements`)."""

@@ -41,6 +41,8 @@ class GroupWriter:
         self._store = store
         self._max_group = max_group
         self._idle_exit = idle_exit
+        # Unbounded as a queue, bounded in practice: every write's caller awaits it, so it
+        # holds at most one write per coroutine writing (probes are capped by the scheduler).
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         # Guards starting and ending the thread: the thread ends only when it finds the

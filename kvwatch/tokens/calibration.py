@@ -139,6 +139,7 @@ class Calibrations:
     a short calibration keeps a margin that covers the difference.
     """
 
+    # Bounded: one per octave a prompt can fall in (21 up to a 1M-token window).
     by_class: tuple[tuple[int, Calibration], ...] = ()
 
     @property

@@ -114,3 +114,61 @@ def test_a_forgotten_endpoint_gets_its_series_back_when_probed_again() -> None:
         )
         == 0.0
     )
+
+
+def _every_sample(registry: CollectorRegistry) -> list[tuple[str, dict[str, str]]]:
+    return [(s.name, s.labels) for family in registry.collect() for s in family.samples]
+
+
+def test_a_removed_endpoint_leaves_no_series_behind() -> None:
+    """After forget_endpoint no sample of any metric names the endpoint, the other
+    endpoint's stay, and the per-endpoint caches and children are back to the other's."""
+    registry = CollectorRegistry()
+    metrics = ProbeMetrics(registry)
+    for endpoint in ("ol", "kept"):
+        metrics.register_endpoint(endpoint, "m", "vllm", {"over": 60.0, "under": 60.0})
+        for kind in ("over", "under"):
+            for verdict in (Verdict.PASS, Verdict.MARKER_MISSING):
+                metrics.observe(
+                    endpoint=endpoint,
+                    kind=kind,
+                    verdict=verdict,
+                    finished_at=AT,
+                    duration=0.5,
+                    planned=4097,
+                    reported=4096,
+                    completion=1,
+                )
+            metrics.observe_cross_tenant_leak(
+                endpoint=endpoint, kind=kind, source_tenant="a", tenant="b", at=AT
+            )
+    with_both = metrics.sizes()
+
+    metrics.forget_endpoint("ol", "m", "vllm", ["over", "under"])
+
+    left = [(name, labels) for name, labels in _every_sample(registry) if labels.get("endpoint")]
+    assert left and all(labels["endpoint"] == "kept" for _, labels in left)
+    assert {name for name, _ in left} >= {
+        "kvwatch_probe_duration_seconds_bucket",
+        "kvwatch_probes_total",
+        "kvwatch_probe_failures_total",
+        "kvwatch_canary_tokens_total",
+        "kvwatch_endpoint_info",
+        "kvwatch_cross_tenant_leak_timestamp_seconds",
+    }
+    halved = {name: size // 2 for name, size in with_both.items()}
+    assert metrics.sizes() == halved
+
+
+def test_forgetting_kinds_keeps_the_endpoint_info_series() -> None:
+    """A reload that drops one probe kind removes that kind's series only: the endpoint's
+    info series (same model, same flavour) and its other kind stay."""
+    registry = CollectorRegistry()
+    metrics = ProbeMetrics(registry)
+    metrics.register_endpoint("ol", "m", "vllm", {"over": 60.0, "under": 60.0})
+    metrics.forget_kinds("ol", ["over"])
+    info = {"endpoint": "ol", "model": "m", "flavour": "vllm"}
+    assert registry.get_sample_value("kvwatch_endpoint_info", info) == 1.0
+    assert registry.get_sample_value("kvwatch_probe_interval_seconds", LABELS) is None
+    under = {"endpoint": "ol", "probe": "under"}
+    assert registry.get_sample_value("kvwatch_probe_interval_seconds", under) == 60.0

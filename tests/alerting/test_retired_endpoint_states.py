@@ -1,0 +1,64 @@
+"""A removed endpoint's alert states: resolved at once, forgotten once re-sent long enough."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+
+from kvwatch.alerting.evaluator import AlertEvaluator
+from kvwatch.alerting.policy import default_policy
+from kvwatch.alerting.state import AlertStatus, evaluate
+from kvwatch.store.records import AlertStateRecord
+from tests.alerting.test_cross_tenant_alert import T0, leak_event
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0 + timedelta(hours=1)
+
+    def __call__(self):  # type: ignore[no-untyped-def]
+        return self.now
+
+
+def firing_records() -> list[AlertStateRecord]:
+    states: dict = {}
+    now = T0
+    for event in (leak_event(41), leak_event(42, confirmation=True)):
+        now += timedelta(minutes=1)
+        for state in evaluate(states, event, default_policy(), now):
+            states[state.key] = state
+    assert [s.state for s in states.values()] == [AlertStatus.FIRING]
+    return [AlertStateRecord(**dataclasses.asdict(s)) for s in states.values()]
+
+
+def evaluator(clock: Clock) -> AlertEvaluator:
+    return AlertEvaluator(
+        policy=default_policy(),
+        states=firing_records(),
+        probe_url=str,
+        clock=clock,
+        keep_retired=timedelta(minutes=15),
+    )
+
+
+def test_a_retired_endpoints_states_are_forgotten_after_their_resolution_was_kept() -> None:
+    """Retiring resolves the firing alert; delivery still sees it for 15 minutes, then the
+    evaluator holds no state for the endpoint."""
+    clock = Clock()
+    alerts = evaluator(clock)
+    alerts.committed(alerts.retire("glm-prod"))
+    assert [r.state for r in alerts.records()] == ["resolved"]
+    clock.now += timedelta(minutes=14)
+    assert len(alerts.records()) == 1
+    clock.now += timedelta(minutes=2)
+    assert alerts.records() == [] and alerts.state_count == 0
+
+
+def test_an_endpoint_configured_again_keeps_its_states() -> None:
+    """Revived before the retention ends, the endpoint's states stay past it."""
+    clock = Clock()
+    alerts = evaluator(clock)
+    alerts.committed(alerts.retire("glm-prod"))
+    alerts.revive("glm-prod")
+    clock.now += timedelta(hours=1)
+    assert len(alerts.records()) == 1

@@ -1,0 +1,71 @@
+"""The scheduler keeps nothing of an endpoint a reload removed."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
+from apscheduler.events import EVENT_JOB_SUBMITTED, JobSubmissionEvent
+
+from kvwatch.canary.model import ProbeKind
+from kvwatch.scheduler import ProbeScheduler, job_id
+
+
+def target(name: str) -> SimpleNamespace:
+    spec = SimpleNamespace(
+        name=name,
+        probes=(ProbeKind.UNDER, ProbeKind.OVER),
+        interval_seconds=60.0,
+        jitter_seconds=0.0,
+    )
+    return SimpleNamespace(spec=spec)
+
+
+async def test_a_removed_endpoint_leaves_no_job_due_time_or_gate() -> None:
+    """A run submitted but not started when its endpoint goes leaves no due time behind,
+    and the endpoint's jobs, target and gate go too; the other endpoint keeps its own."""
+    scheduler = ProbeScheduler(runner=SimpleNamespace())  # type: ignore[arg-type]
+    for name in ("gone", "kept"):
+        scheduler.add(target(name))  # type: ignore[arg-type]
+        for kind in (ProbeKind.UNDER, ProbeKind.OVER):
+            scheduler._submitted(
+                JobSubmissionEvent(
+                    EVENT_JOB_SUBMITTED, job_id(name, kind), None, [datetime.now(UTC)]
+                )
+            )
+        scheduler._endpoint_gates[name] = asyncio.Semaphore(1)
+    both = scheduler.sizes()
+    assert both["scheduler_due"] == 4 and both["scheduler_jobs"] == 4
+
+    scheduler.remove("gone", iter((ProbeKind.UNDER, ProbeKind.OVER)))
+
+    assert scheduler.sizes() == {
+        "scheduler_targets": 1,
+        "scheduler_jobs": 2,
+        "scheduler_due": 2,
+        "scheduler_endpoint_gates": 1,
+        "scheduler_running": 0,
+    }
+
+
+class Runner:
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    async def run_slot(self, target, kind, slot, *, scheduled=None):  # type: ignore[no-untyped-def]
+        self.ran.append(target.spec.name)
+        return []
+
+
+async def test_a_run_that_starts_after_its_endpoint_went_leaves_no_gate() -> None:
+    """APScheduler may start a run submitted just before the removal: it runs, and the
+    endpoint's gate it needed goes with it."""
+    runner = Runner()
+    scheduler = ProbeScheduler(runner=runner)  # type: ignore[arg-type]
+    gone = target("gone")
+    scheduler.add(gone)  # type: ignore[arg-type]
+    scheduler.remove("gone", [ProbeKind.UNDER, ProbeKind.OVER])
+    await scheduler._run(gone, ProbeKind.UNDER)  # type: ignore[arg-type]
+    assert runner.ran == ["gone"]
+    assert scheduler.sizes()["scheduler_endpoint_gates"] == 0
