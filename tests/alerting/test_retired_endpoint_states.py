@@ -46,7 +46,7 @@ def test_a_retired_endpoints_states_are_forgotten_after_their_resolution_was_kep
     evaluator holds no state for the endpoint."""
     clock = Clock()
     alerts = evaluator(clock)
-    alerts.committed(alerts.retire("glm-prod"))
+    alerts.committed(alerts.retire("glm-prod", "the endpoint was removed from the configuration"))
     assert [r.state for r in alerts.records()] == ["resolved"]
     clock.now += timedelta(minutes=14)
     assert len(alerts.records()) == 1
@@ -58,7 +58,7 @@ def test_an_endpoint_configured_again_keeps_its_states() -> None:
     """Revived before the retention ends, the endpoint's states stay past it."""
     clock = Clock()
     alerts = evaluator(clock)
-    alerts.committed(alerts.retire("glm-prod"))
+    alerts.committed(alerts.retire("glm-prod", "the endpoint was removed from the configuration"))
     alerts.revive("glm-prod")
     clock.now += timedelta(hours=1)
     assert len(alerts.records()) == 1
