@@ -147,16 +147,7 @@ class ProbeMetrics:
         """Drop every series of ``endpoint`` labelled with one of ``kinds`` (and the cached
         children behind them): ``remove`` on each labelled metric, for every label value
         the endpoint may have used."""
-        per_kind: tuple[MetricWrapperBase, ...] = (
-            self.success,
-            self.last_run,
-            self.last_success,
-            self.interval,
-            self.duration,
-            self.planned_tokens,
-            self.reported_tokens,
-        )
-        per_verdict: tuple[MetricWrapperBase, ...] = (self.probes, self.failures, self.last_verdict)
+        per_kind, per_verdict = self._per_kind(), self._per_verdict()
         for kind in kinds:
             self._series.pop((endpoint, kind), None)
             self._tokens.pop((endpoint, kind), None)
@@ -172,9 +163,9 @@ class ProbeMetrics:
                 with contextlib.suppress(KeyError):
                     self.canary_tokens.remove(endpoint, kind, token_type)
 
-    def sizes(self) -> dict[str, int]:
-        """Entries held per endpoint and kind (see :class:`SizesCollector`)."""
-        labelled = (
+    def _per_kind(self) -> tuple[MetricWrapperBase, ...]:
+        """The metrics labelled (endpoint, kind)."""
+        return (
             self.success,
             self.last_run,
             self.last_success,
@@ -182,9 +173,17 @@ class ProbeMetrics:
             self.duration,
             self.planned_tokens,
             self.reported_tokens,
-            self.probes,
-            self.failures,
-            self.last_verdict,
+        )
+
+    def _per_verdict(self) -> tuple[MetricWrapperBase, ...]:
+        """The metrics labelled (endpoint, kind, verdict)."""
+        return (self.probes, self.failures, self.last_verdict)
+
+    def sizes(self) -> dict[str, int]:
+        """Entries held per endpoint and kind (see :class:`SizesCollector`)."""
+        labelled = (
+            *self._per_kind(),
+            *self._per_verdict(),
             self.canary_tokens,
             self.endpoint_info,
             self.cross_tenant_leak,
