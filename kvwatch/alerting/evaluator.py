@@ -68,6 +68,10 @@ class AlertEvaluator:
         self._clock = clock
 
     def evaluate(self, report: ProbeReport, target: Target) -> Sequence[AlertStateRecord]:
+        if report.endpoint in self._retired:
+            # A probe in flight when its endpoint was removed: judging it would fire again
+            # an alert that retire() resolved, and nothing would ever resolve it.
+            return []
         spec = target.spec
         event = ProbeEvent(
             endpoint=report.endpoint,

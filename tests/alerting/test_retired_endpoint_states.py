@@ -8,6 +8,9 @@ from datetime import timedelta
 from kvwatch.alerting.evaluator import AlertEvaluator
 from kvwatch.alerting.policy import default_policy
 from kvwatch.alerting.state import AlertStatus, evaluate
+from kvwatch.canary.model import ProbeKind, Verdict
+from kvwatch.config import parse_config
+from kvwatch.probe.model import ProbeReport, Target
 from kvwatch.store.records import AlertStateRecord
 from tests.alerting.test_cross_tenant_alert import T0, leak_event
 
@@ -62,3 +65,50 @@ def test_an_endpoint_configured_again_keeps_its_states() -> None:
     alerts.revive("glm-prod")
     clock.now += timedelta(hours=1)
     assert len(alerts.records()) == 1
+
+
+def _failed_under(endpoint: str) -> ProbeReport:
+    return ProbeReport(
+        probe_id=43,
+        endpoint=endpoint,
+        kind=ProbeKind.UNDER,
+        verdict=Verdict.TRUNCATED,
+        reason="engine read 2048 of 4000 prompt tokens",
+        status=200,
+        planned_prompt_tokens=4000,
+        reported_prompt_tokens=2048,
+        marker="KVW-1111-1111-1111",
+        marker_found=False,
+        foreign=(),
+        duration_seconds=1.0,
+        confirms_probe_id=None,
+        finished_at=T0 + timedelta(hours=1),
+    )
+
+
+def _target(name: str) -> Target:
+    entry = {"name": name, "url": "http://x/v1", "model": "m", "confirm": False}
+    [spec] = parse_config(
+        "endpoints: [" + repr(entry).replace("'", '"').replace("False", "false") + "]",
+        source="<test>",
+    ).resolved_endpoints()
+    return Target(spec=spec, endpoint_id=1, engine=None, counter=None)  # type: ignore[arg-type]
+
+
+def test_a_probe_finishing_after_its_endpoint_was_retired_fires_nothing() -> None:
+    """The in-flight probe's failure is not judged: the retired alert stays resolved."""
+    clock = Clock()
+    alerts = evaluator(clock)
+    alerts.committed(alerts.retire("glm-prod", "the endpoint was removed from the configuration"))
+    assert alerts.evaluate(_failed_under("glm-prod"), _target("glm-prod")) == []
+    assert [r.state for r in alerts.records()] == ["resolved"]
+
+
+def test_a_revived_endpoints_failures_are_judged_again() -> None:
+    """Configured again, the same failure opens an alert."""
+    clock = Clock()
+    alerts = evaluator(clock)
+    alerts.committed(alerts.retire("glm-prod", "the endpoint was removed from the configuration"))
+    alerts.revive("glm-prod")
+    changed = alerts.evaluate(_failed_under("glm-prod"), _target("glm-prod"))
+    assert [(c.alertname, c.state) for c in changed] == [("KVWatchContextNotHonored", "firing")]

@@ -190,7 +190,7 @@ async def test_a_reload_that_removes_the_source_retires_its_endpoints_and_a_new_
                     None,
                 )
 
-            gone = await eventually("leaky's alert resolved", retired, timeout=10)
+            gone = await eventually("leaky's alert resolved", retired, timeout=30)
             assert gone.annotations[RESOLVED_REASON] == (
                 "discovery source sim was removed from the configuration"
             )
