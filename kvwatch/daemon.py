@@ -28,6 +28,7 @@ from kvwatch.alerting.delivery import Delivery
 from kvwatch.alerting.evaluator import KEEP_RETIRED, AlertEvaluator
 from kvwatch.alerting.policy import default_policy
 from kvwatch.canary.counting import TokenCounter
+from kvwatch.canary.model import ProbeKind
 from kvwatch.config import Config, ConfigError, EndpointSpec, capacity_violations, load_config
 from kvwatch.discovery.endpoints import merge
 from kvwatch.discovery.loop import DiscoveryLoop
@@ -399,7 +400,10 @@ class Daemon:
             if previous is not None:
                 dropped = [k for k in previous.spec.probes if k not in target.spec.probes]
                 scheduler.remove(target.spec.name, dropped)
-                built.metrics.forget_kinds(previous.spec.name, [k.value for k in dropped])
+                scheduler.when_idle(
+                    target.spec.name,
+                    functools.partial(_forget_dropped, built, scheduler, target.spec.name, dropped),
+                )
                 # build_targets has just set the info series of the new spec: removing the
                 # old one when it has the same labels would remove that one.
                 was, now = previous.spec, target.spec
@@ -563,6 +567,17 @@ async def _idle_then_forget(built: Built, scheduler: ProbeScheduler, spec: Endpo
     if not scheduler.schedules(spec.name):  # not added again meanwhile
         kinds = [k.value for k in spec.probes]
         built.metrics.forget_endpoint(spec.name, spec.model, spec.flavour, kinds)
+
+
+def _forget_dropped(
+    built: Built, scheduler: ProbeScheduler, name: str, dropped: Sequence[ProbeKind]
+) -> None:
+    """Drop the series of the kinds a reload took from ``name``, once its probes in flight
+    ended (one of a dropped kind would make them anew), unless a later reload put the kind
+    back meanwhile."""
+    gone = [k.value for k in dropped if k not in scheduler.kinds(name)]
+    if gone:
+        built.metrics.forget_kinds(name, gone)
 
 
 def _sizes(built: Built, scheduler: ProbeScheduler) -> dict[str, int]:

@@ -92,6 +92,8 @@ class ProbeScheduler:
         # endpoint (or job, for _due): remove() drops a removed one's, _run its empty sets.
         self._running: dict[str, set[asyncio.Task[object]]] = {}
         self._targets: dict[str, Target] = {}
+        # when_idle's waits, held so that they are not collected before they end.
+        self._waiting: set[asyncio.Task[None]] = set()
         self._first_run_within = first_run_within
         self._first_spread = first_run_within
         self._first_runs_per_second = first_runs_per_second
@@ -219,6 +221,25 @@ class ProbeScheduler:
         last of them ends)."""
         while running := self._running.get(endpoint):
             await asyncio.wait(set(running))
+
+    def when_idle(self, endpoint: str, then: Callable[[], object]) -> None:
+        """Call ``then`` once no probe of ``endpoint`` is running: at once if none is."""
+        if endpoint not in self._running:
+            then()
+            return
+
+        async def wait() -> None:
+            await self.idle(endpoint)
+            then()
+
+        task = asyncio.get_running_loop().create_task(wait(), name=f"when-idle:{endpoint}")
+        self._waiting.add(task)
+        task.add_done_callback(self._waiting.discard)
+
+    def kinds(self, endpoint: str) -> frozenset[ProbeKind]:
+        """The kinds of ``endpoint`` scheduled now (none once it is removed)."""
+        target = self._targets.get(endpoint)
+        return frozenset(target.spec.probes) if target is not None else frozenset()
 
     @property
     def running(self) -> bool:

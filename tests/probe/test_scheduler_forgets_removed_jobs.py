@@ -69,3 +69,41 @@ async def test_a_run_that_starts_after_its_endpoint_went_leaves_no_gate() -> Non
     await scheduler._run(gone, ProbeKind.UNDER)  # type: ignore[arg-type]
     assert runner.ran == ["gone"]
     assert scheduler.sizes()["scheduler_endpoint_gates"] == 0
+
+
+class BlockedRunner:
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def run_slot(self, target, kind, slot, *, scheduled=None):  # type: ignore[no-untyped-def]
+        await self.release.wait()
+        return []
+
+
+async def test_what_waits_for_an_endpoint_to_be_idle_runs_after_its_probe_in_flight() -> None:
+    """A reload's clean-up of dropped kinds waits for the endpoint's running probe (which
+    would re-create their series), and runs at once for an idle endpoint."""
+    runner = BlockedRunner()
+    scheduler = ProbeScheduler(runner=runner)  # type: ignore[arg-type]
+    busy = target("busy")
+    scheduler.add(busy)  # type: ignore[arg-type]
+    probe = asyncio.create_task(scheduler._run(busy, ProbeKind.UNDER))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    done: list[str] = []
+    scheduler.when_idle("busy", lambda: done.append("busy"))
+    scheduler.when_idle("idle", lambda: done.append("idle"))
+    await asyncio.sleep(0.01)
+    assert done == ["idle"]
+    runner.release.set()
+    await probe
+    await asyncio.sleep(0.01)
+    assert done == ["idle", "busy"]
+
+
+def test_the_kinds_scheduled_now_leave_with_a_remove() -> None:
+    """kinds() tells whether a dropped kind came back before the clean-up ran."""
+    scheduler = ProbeScheduler(runner=SimpleNamespace())  # type: ignore[arg-type]
+    scheduler.add(target("ep"))  # type: ignore[arg-type]
+    assert scheduler.kinds("ep") == {ProbeKind.UNDER, ProbeKind.OVER}
+    scheduler.remove("ep", [ProbeKind.UNDER, ProbeKind.OVER])
+    assert scheduler.kinds("ep") == frozenset()
