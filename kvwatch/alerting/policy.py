@@ -22,6 +22,7 @@ WINDOW_NOT_SERVED = "KVWatchWindowNotServed"
 WRONG_REJECTION = "KVWatchWrongRejection"
 PROBE_FAILING = "KVWatchProbeFailing"
 CANARY_INEFFECTIVE = "KVWatchCanaryIneffective"
+BURST_WRONG = "KVWatchBurstWrong"
 # Every alert kvwatch raises (DESIGN §6): delivery starts each one's firing gauge at zero.
 ALERTNAMES = (
     CROSS_REQUEST_LEAK,
@@ -33,6 +34,7 @@ ALERTNAMES = (
     WRONG_REJECTION,
     PROBE_FAILING,
     CANARY_INEFFECTIVE,
+    BURST_WRONG,
 )
 
 DEFAULT_RUNBOOK_BASE = "https://github.com/kvwatch/kvwatch/blob/main/docs/runbooks.md"
@@ -170,7 +172,8 @@ def _defaults() -> dict[str, AlertPolicy]:
         alert(
             critical,
             CROSS_REQUEST_LEAK,
-            {Verdict.FOREIGN_MARKER},
+            # burst_leak: the other request was one of the same burst, sent at once.
+            {Verdict.FOREIGN_MARKER, Verdict.BURST_LEAK},
             "{endpoint} answered the {probe} canary with another request's data",
             # A leaked marker is proof whatever the model's recall ability: always pages.
             suppressed_by_canary=False,
@@ -236,6 +239,15 @@ def _defaults() -> dict[str, AlertPolicy]:
             CANARY_INEFFECTIVE,
             {Verdict.CANARY_INEFFECTIVE},
             "the model behind {endpoint} cannot recall a marker even from a short prompt",
+            suppressed_by_canary=False,
+        ),
+        alert(
+            critical,
+            BURST_WRONG,
+            {Verdict.BURST_WRONG},
+            "{endpoint} answers concurrent requests wrong that it answers right one at a time",
+            # The burst's own solo request is its canary: a model that cannot do the task
+            # is canary_ineffective on that very probe, never this alert.
             suppressed_by_canary=False,
         ),
     ]
