@@ -45,6 +45,9 @@ MAX_SIZE = 64
 MIN_PROMPT_TOKENS = 64
 # The answer: a marker (7-15 tokens), a number, and the chatter a small model adds.
 ANSWER_TOKENS = 48
+# Tokens of a request besides its filler: the instruction, the marker, the task and the chat
+# template (about 45 in the tokenizers measured), so a request is about ``prompt_tokens``.
+FIXED_TOKENS = 48
 # Operands of the task: a two-digit number plus a digit, so answers in one burst can all
 # differ (a request that gets a neighbour's answer is then always wrong) and a small model
 # still adds them.
@@ -82,6 +85,12 @@ class BurstTask:
             f"of {self.first} and {self.second} as a number."
         )
         return (Message("user", text),)
+
+
+def cycle_prompt_tokens(sizes: Sequence[int], prompt_tokens: int) -> int:
+    """The prompt tokens a cycle sends on average over the sizes: the solo request and the
+    burst, each about ``prompt_tokens``."""
+    return round((1 + sum(sizes) / len(sizes)) * prompt_tokens)
 
 
 def size_for(sizes: Sequence[int], turn: int) -> int:

@@ -20,6 +20,7 @@ import time
 from kvwatch.canary import markers
 from kvwatch.canary.burst import (
     ANSWER_TOKENS,
+    FIXED_TOKENS,
     BurstTask,
     Sent,
     draw_tasks,
@@ -70,7 +71,8 @@ async def probe(job: ProbeJob, io: Probing) -> Attempt:
     probe_id = await io.begin(new, job.claim)
     rng = random.Random(secrets.randbits(64))
     tasks = draw_tasks(rng, issued, size)
-    prompts = [t.messages(filler_pieces(rng, spec.burst_prompt_tokens)) for t in tasks]
+    words = spec.burst_prompt_tokens - FIXED_TOKENS
+    prompts = [t.messages(filler_pieces(rng, words)) for t in tasks]
     plan = PlannedPrompt(
         kind=ProbeKind.BURST,
         messages=prompts[0],
