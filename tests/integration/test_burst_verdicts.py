@@ -13,6 +13,8 @@ import httpx
 import pytest
 
 from kvwatch.canary.model import BurstOutcome, ProbeKind, ProbeState, Verdict
+from kvwatch.demo import demo_config
+from kvwatch.simulator.fleet import demo_fleet
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.repository import Store
@@ -129,3 +131,20 @@ async def test_a_burst_leak_is_confirmed_by_a_second_burst_of_the_same_size(rig)
     assert reports[1].confirms_probe_id == reports[0].probe_id
     second = get_probe(store, reports[1].probe_id)
     assert second is not None and len(second.burst) == 6
+
+
+async def test_the_demo_runs_the_burst_on_its_healthy_and_batch_mix_endpoints(store):
+    """Zero-config demo: the healthy endpoint's burst passes, batch-mix's leaks (confirmed),
+    and the other endpoints keep the default probes."""
+    fleet = [ep for ep in demo_fleet() if ep.name in ("healthy", "batch-mix", "stale-kv")]
+    async with run_simulator(fleet) as sim, httpx.AsyncClient(timeout=None) as client:
+        urls = {
+            ep.name: (sim.url_for(ep.name), ep.model, ep.window, ep.flavour.value) for ep in fleet
+        }
+        config = demo_config(urls, "sqlite:///unused.db")
+        targets, runner, _ = targets_and_runner(config, store, client)
+        healthy = await runner.run_checked(targets["healthy"], BURST)
+        mixed = await runner.run_checked(targets["batch-mix"], BURST)
+    assert [r.verdict for r in healthy] == [Verdict.PASS]
+    assert [r.verdict for r in mixed] == [Verdict.BURST_LEAK, Verdict.BURST_LEAK]
+    assert BURST not in targets["stale-kv"].spec.probes
