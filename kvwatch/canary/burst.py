@@ -5,9 +5,10 @@ Engines batch concurrent requests, and the batch path has its own bugs: TensorRT
 caching under concurrency returned other requests' responses). No boundary canary sees
 them: each is one request at a time. A burst cycle sends a *solo* request first, then N
 requests at once (N cycles through odd sizes, just past the batch sizes engines pad to), each
-with its own marker and a small arithmetic task whose answer is computed when it is drawn.
+with its own marker and a word to give back (an animal), drawn per request so that no two
+requests of a cycle share one.
 
-Every answer must hold its own marker and its own task's answer. Outputs are never compared
+Every answer must hold its own marker and its own word. Outputs are never compared
 across batch sizes: engines are not batch-invariant by default, so only correctness is.
 An answer holding another request's marker is a cross-request leak under load
 (``burst_leak``); a wrong answer under load while the solo request was right is
@@ -39,8 +40,6 @@ from kvwatch.canary.scan import AnswerScan
 # request of an odd-sized batch shares its step with padding, where batch bugs show.
 DEFAULT_SIZES: tuple[int, ...] = (3, 7, 9, 17)
 DEFAULT_PROMPT_TOKENS = 512
-# A burst is load on the engine being watched: this many requests at once, at most.
-MAX_SIZE = 64
 # The fixed text alone is about 60 tokens; less filler than this would not be a prompt.
 MIN_PROMPT_TOKENS = 64
 # The answer: a marker (7-15 tokens), a number, and the chatter a small model adds.
@@ -48,18 +47,28 @@ ANSWER_TOKENS = 48
 # Tokens of a request besides its filler: the instruction, the marker, the task and the chat
 # template (about 45 in the tokenizers measured), so a request is about ``prompt_tokens``.
 FIXED_TOKENS = 48
-# Operands of the task: a two-digit number plus a digit, so answers in one burst can all
-# differ (a request that gets a neighbour's answer is then always wrong) and a small model
-# still adds them.
-_FIRST = range(10, 90)
-_SECOND = range(2, 10)
-_NUMBER = re.compile(r"(?<![0-9A-Za-z])-?\d+(?![0-9A-Za-z])")
-# A marker as a model may spell it (dashes, spaces, case): removed before the number is read,
-# so a group of digits inside a marker is never taken for the task's answer.
+# The words a request is asked to give back, none of them in the filler's vocabulary: every
+# request of a cycle gets its own, so one given a neighbour's answer is always wrong. A word,
+# not a sum: Gemma 3 270M got 0 of 24 two-digit sums right in four phrasings and gave back
+# 4 of 4 planted words (docs/llamacpp-facts.md, "Burst task").
+WORDS: tuple[str, ...] = (
+    *("tiger", "zebra", "camel", "eagle", "otter", "whale", "horse", "mouse", "panda"),
+    *("koala", "llama", "moose", "shark", "snake", "sheep", "goat", "duck", "frog", "lion"),
+    *("wolf", "bear", "deer", "fox", "owl", "rabbit", "monkey", "turtle", "parrot", "donkey"),
+    *("beaver", "badger", "falcon", "gecko", "hamster", "lizard", "lobster", "octopus"),
+    *("pelican", "penguin", "raccoon"),
+)
+_WORD = re.compile(r"[a-z]+")
+# A marker as a model may spell it (dashes, spaces, case): removed before the word is read, so
+# a group of letters inside a marker is never taken for the task's answer.
 _MARKER_SPELLING = re.compile(r"KVW(?:[\W_]*[0-9A-Z]){12}", re.IGNORECASE)
 
 # How a verdict and its reason (and, for a cross-tenant leak, its source) become the Judgement.
 _Make = Callable[..., Judgement]
+_KNOWN = frozenset(WORDS)
+# A burst is load on the engine being watched: at most this many requests at once (each gets
+# a word of its own).
+MAX_SIZE = len(WORDS) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,20 +78,20 @@ class BurstTask:
     index: int  # 0: the solo request; 1..N: the burst's members
     size: int  # requests sent at once with it (1: the solo request)
     marker: str
-    first: int
-    second: int
+    word: str
 
     @property
-    def expected(self) -> int:
-        return self.first + self.second
+    def expected(self) -> str:
+        return self.word
 
     def messages(self, pieces: Sequence[str]) -> tuple[Message, ...]:
         """The prompt: the marker first, the filler, the task at the end."""
         text = (
-            f"Remember this code: {self.marker}. You will be asked for it at the end.\n\n"
+            f"Remember this code: {self.marker}. Remember this animal: {self.word}. You will "
+            "be asked for both at the end.\n\n"
             + "".join(pieces).strip()
-            + f"\n\nReply on one line with the code you were asked to remember, then the sum "
-            f"of {self.first} and {self.second} as a number."
+            + "\n\nWhat are the code and the animal you were asked to remember? Answer with "
+            "the code, then the animal."
         )
         return (Message("user", text),)
 
@@ -100,19 +109,14 @@ def size_for(sizes: Sequence[int], turn: int) -> int:
 
 def draw_tasks(rng: random.Random, markers: Sequence[str], size: int) -> tuple[BurstTask, ...]:
     """The solo task and ``size`` burst tasks, one per marker (``size + 1`` of them), whose
-    answers all differ."""
+    words all differ."""
     if len(markers) != size + 1:
         raise ValueError(f"a burst of {size} needs {size + 1} markers, got {len(markers)}")
-    tasks: list[BurstTask] = []
-    answers: set[int] = set()
-    for index, marker in enumerate(markers):
-        while True:
-            first, second = rng.choice(_FIRST), rng.choice(_SECOND)
-            if first + second not in answers:
-                break
-        answers.add(first + second)
-        tasks.append(BurstTask(index, 1 if index == 0 else size, marker, first, second))
-    return tuple(tasks)
+    words = rng.sample(WORDS, size + 1)
+    return tuple(
+        BurstTask(index, 1 if index == 0 else size, marker, word)
+        for index, (marker, word) in enumerate(zip(markers, words, strict=True))
+    )
 
 
 def filler_pieces(rng: random.Random, tokens: int) -> list[str]:
@@ -125,12 +129,13 @@ def filler_pieces(rng: random.Random, tokens: int) -> list[str]:
     return pieces[:tokens]
 
 
-def read_number(answer: str | None) -> int | None:
-    """The task's answer as given: the last whole number of the answer outside any marker."""
+def read_word(answer: str | None) -> str | None:
+    """The task's answer as given: the last of :data:`WORDS` in the answer, outside any
+    marker, in any case."""
     if not answer:
         return None
-    numbers = _NUMBER.findall(_MARKER_SPELLING.sub(" ", answer))
-    return int(numbers[-1]) if numbers else None
+    given = [w for w in _WORD.findall(_MARKER_SPELLING.sub(" ", answer).lower()) if w in _KNOWN]
+    return given[-1] if given else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +207,7 @@ def _request(s: Sent, sent: Sequence[Sent]) -> BurstRequest:
     siblings = tuple(
         o.task.index for o in sent if o.task.index != task.index and scan.recalled(o.task.marker)
     )
-    answered = read_number(ex.answer)
+    answered = read_word(ex.answer)
     found = scan.recalled(task.marker)
     if scan.foreign:
         outcome = BurstOutcome.FOREIGN
@@ -307,8 +312,8 @@ def _stopped(
 def _wrong(request: BurstRequest) -> str:
     if not request.marker_found:
         return "did not give back its marker"
-    given = "no number" if request.answered is None else str(request.answered)
-    return f"answered {given} where the task's answer is {request.expected}"
+    given = "no animal" if request.answered is None else f'"{request.answered}"'
+    return f'answered {given} where its animal is "{request.expected}"'
 
 
 def _unique(markers: Iterable[ForeignMarker]) -> list[ForeignMarker]:

@@ -242,8 +242,8 @@ class PlannedPrompt:
 class BurstOutcome(enum.StrEnum):
     """What became of one request of a burst (kvwatch.canary.burst)."""
 
-    RIGHT = "right"  # its own marker and the task's answer, nothing else
-    WRONG = "wrong"  # its marker or the task's answer missing or wrong
+    RIGHT = "right"  # its own marker and its own word, nothing else
+    WRONG = "wrong"  # its marker or its word missing or wrong
     LEAK = "leak"  # holds the marker of another request of the same burst
     FOREIGN = "foreign"  # holds the marker of another probe
     FAILED = "failed"  # no usable answer: transport, status, stream or body
@@ -256,11 +256,11 @@ class BurstRequest:
     index: int  # 0: the solo request; 1..N: the burst's members, in the order sent
     size: int  # requests sent at once with it (1: the solo request)
     marker: str
-    expected: int  # the task's answer, computed when the task was drawn
+    expected: str  # the task's answer: the word the request was asked to give back
     outcome: BurstOutcome
     status: int | None = None
     marker_found: bool = False
-    answered: int | None = None  # the number the answer gave for the task
+    answered: str | None = None  # the task's word the answer gave (None: none of them)
     siblings: tuple[int, ...] = ()  # indexes of the other requests whose markers it holds
     foreign: tuple[int, ...] = ()  # ids of other probes whose markers it holds
     prompt_tokens: int | None = None

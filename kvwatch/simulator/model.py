@@ -48,10 +48,10 @@ PLACEHOLDER_TOKENS = 1
 # One step of an engine's running batch: requests that arrive within it are decoded together
 # (what a batch_mix fault mixes), and a request stays in the batch a step after its answer.
 BATCH_STEP_SECONDS = 0.2
-# How a burst canary (kvwatch.canary.burst) asks its task, which the model computes.
-_SUM_ASKED = re.compile(r"the sum of (\d+) and (\d+)")
-# The number an answer ends with: what a mixed batch takes from another request.
-_LAST_NUMBER = re.compile(r"\d+(?=\D*$)")
+# How a burst canary (kvwatch.canary.burst) plants the word it asks back.
+_WORD_PLANTED = re.compile(r"Remember this animal: ([a-z]+)")
+# The word an answer ends with: what a mixed batch takes from another request.
+_LAST_WORD = re.compile(r"[a-z]+(?=[^a-z]*$)")
 
 
 def render_chat(messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
@@ -261,11 +261,10 @@ def recall(attended: str, *, can_recall: bool = True) -> str:
     asked = _ASKED_FOR.search(attended)
     wanted = int(asked.group(1)) if asked else 1
     answer = " ".join(found[:wanted]) if found else NOT_FOUND
-    # A burst canary's task, asked last: the model adds the numbers it read.
-    tasks = _SUM_ASKED.findall(attended)
-    if tasks:
-        first, second = tasks[-1]
-        answer = f"{answer} {int(first) + int(second)}"
+    # A burst canary's word: the model gives back the first one it attended to.
+    planted = _WORD_PLANTED.search(attended)
+    if planted and can_recall:
+        answer = f"{answer} {planted.group(1)}"
     return answer
 
 
@@ -273,7 +272,8 @@ def mix_batch(batch: Sequence[Served], position: int, *, at: int, how: str) -> S
     """What the request at ``position`` of ``batch`` (decisions in arrival order) is answered
     with on an engine whose batches of ``at`` requests or more mix answers: the next
     request's answer (``swap``), or its own answer ending with the next one's number
-    (``mix``; a swap when either answer has no number). Only answers mix."""
+    (``mix``: a burst's own marker with the next request's word; a swap when either answer
+    ends in no word). Only answers mix."""
     own = batch[position]
     if len(batch) < at or not isinstance(own, Answer):
         return own
@@ -283,9 +283,9 @@ def mix_batch(batch: Sequence[Served], position: int, *, at: int, how: str) -> S
         return own
     other = others[0]
     text = other.text
-    own_number, other_number = _LAST_NUMBER.search(own.text), _LAST_NUMBER.search(other.text)
-    if how == "mix" and own_number and other_number:
-        text = own.text[: own_number.start()] + other_number.group() + own.text[own_number.end() :]
+    own_word, other_word = _LAST_WORD.search(own.text), _LAST_WORD.search(other.text)
+    if how == "mix" and own_word and other_word:
+        text = own.text[: own_word.start()] + other_word.group() + own.text[own_word.end() :]
     return dataclasses.replace(own, pieces=tuple(tokenizer.tokenize(text)))
 
 

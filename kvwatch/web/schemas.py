@@ -135,8 +135,10 @@ class BurstRequest(_Model):
     request: int = Field(description="0: the solo request; 1..N: the burst's members.")
     size: int = Field(description="Requests sent at once with it (1: the solo request).")
     marker: str = Field(description="The request's own marker, as issued.")
-    expected: int = Field(description="The task's answer, computed when it was drawn.")
-    answered: int | None = Field(description="The number the answer gave; null: none.")
+    expected: str = Field(description="The task's answer: the word it was asked to give back.")
+    answered: str | None = Field(
+        description="The last of the task's words the answer gave; null: none."
+    )
     marker_found: bool = Field(description="The answer gave back the request's own marker.")
     outcome: str = Field(
         description="right | wrong | leak (another request of the burst's marker) | foreign "

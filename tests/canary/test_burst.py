@@ -9,12 +9,14 @@ import pytest
 
 from kvwatch.canary import markers
 from kvwatch.canary.burst import (
+    MAX_SIZE,
+    WORDS,
     BurstTask,
     Sent,
     draw_tasks,
     filler_pieces,
     judge_burst,
-    read_number,
+    read_word,
     size_for,
 )
 from kvwatch.canary.model import BurstOutcome, Exchange, ForeignMarker, TransportError, Verdict
@@ -29,7 +31,11 @@ def _tasks(size: int = 3, seed: int = 7) -> tuple[BurstTask, ...]:
 
 
 def _ok(task: BurstTask) -> str:
-    return f"{task.marker} {task.expected}"
+    return f"{task.marker} {task.word}"
+
+
+def _other_word(task: BurstTask, tasks: tuple[BurstTask, ...]) -> str:
+    return next(w for w in WORDS if w not in {t.word for t in tasks})
 
 
 def _sent(
@@ -78,30 +84,29 @@ def test_a_leak_of_the_solo_requests_marker_into_the_burst_is_a_burst_leak():
     """The solo request's pages reaching a member is a leak within the cycle too."""
     tasks = _tasks()
     answers = [_ok(t) for t in tasks]
-    answers[1] = f"{tasks[1].marker} {tasks[0].marker} {tasks[1].expected}"
+    answers[1] = f"{tasks[1].marker} {tasks[0].marker} {tasks[1].word}"
     assert judge_burst(_sent(tasks, answers)).verdict is Verdict.BURST_LEAK
 
 
 def test_a_wrong_answer_under_load_with_the_solo_right_is_burst_wrong():
-    """Marker kept, number wrong, on one member: burst_wrong with what it answered."""
+    """Marker kept, word another request's, on one member: burst_wrong with what it said."""
     tasks = _tasks()
     answers = [_ok(t) for t in tasks]
-    answers[3] = f"{tasks[3].marker} {tasks[3].expected + 1}"
+    answers[3] = f"{tasks[3].marker} {tasks[1].word}"
     judgement = judge_burst(_sent(tasks, answers))
     assert judgement.verdict is Verdict.BURST_WRONG
     assert judgement.burst[3].outcome is BurstOutcome.WRONG
-    assert (
+    assert judgement.reason == (
         f"1 of 3 concurrent requests answered wrong while the solo request was right: "
-        f"request 3 answered {tasks[3].expected + 1} where the task's answer is "
-        f"{tasks[3].expected}"
-    ) == judgement.reason
+        f'request 3 answered "{tasks[1].word}" where its animal is "{tasks[3].word}"'
+    )
 
 
 def test_a_member_that_loses_its_marker_is_burst_wrong():
-    """The right number without the marker is still a wrong answer."""
+    """The right word without the marker is still a wrong answer."""
     tasks = _tasks()
     answers = [_ok(t) for t in tasks]
-    answers[1] = str(tasks[1].expected)
+    answers[1] = f"The animal is the {tasks[1].word}."
     judgement = judge_burst(_sent(tasks, answers))
     assert judgement.verdict is Verdict.BURST_WRONG
     assert "did not give back its marker" in judgement.reason
@@ -110,7 +115,7 @@ def test_a_member_that_loses_its_marker_is_burst_wrong():
 def test_a_wrong_solo_request_says_the_canary_is_ineffective():
     """The model cannot do the task alone: canary_ineffective, never a burst verdict."""
     tasks = _tasks()
-    answers = [f"{t.marker} {t.expected + 5}" for t in tasks]
+    answers = [f"{t.marker} {_other_word(t, tasks)}" for t in tasks]
     assert judge_burst(_sent(tasks, answers)).verdict is Verdict.CANARY_INEFFECTIVE
 
 
@@ -169,19 +174,31 @@ def test_one_failed_member_is_an_error_naming_it():
 
 
 def test_tasks_of_one_burst_all_have_different_answers():
-    """A request given a neighbour's answer is always wrong: no two answers are equal."""
-    tasks = _tasks(size=17, seed=3)
-    assert len({t.expected for t in tasks}) == 18
-    assert [t.size for t in tasks] == [1] + [17] * 17
+    """A request given a neighbour's answer is always wrong: no two words are equal, up to
+    the largest burst allowed."""
+    tasks = _tasks(size=MAX_SIZE, seed=3)
+    assert len({t.word for t in tasks}) == MAX_SIZE + 1
+    assert [t.size for t in tasks] == [1] + [MAX_SIZE] * MAX_SIZE
 
 
-def test_the_number_is_read_outside_the_marker():
-    """Digits inside a marker are never taken for the answer; the last number is."""
-    marker = "KVW-1234-5678-9ABC"
-    assert read_number(f"{marker}") is None
-    assert read_number(f"Code: {marker}. 12 + 3 = 15") == 15
-    assert read_number("kvw 1234 5678 9abc, 44") == 44
-    assert read_number(None) is None
+def test_the_word_is_read_outside_the_marker_and_the_last_one_counts():
+    """Letters inside a marker are never a word; of the task's words, the last one given."""
+    assert read_word("KVW-OWLS-5678-9ABC") is None
+    assert read_word("kvw owl5 5678 9abc, the Koala.") == "koala"
+    assert read_word("Remember this animal: tiger. No, the lion") == "lion"
+    assert read_word("a cat") is None
+    assert read_word(None) is None
+
+
+def test_the_prompt_plants_the_marker_and_the_word_at_the_start_and_asks_for_both():
+    """The marker and the word open the prompt; the question closes it."""
+    (task,) = _tasks(size=3)[:1]
+    (message,) = task.messages([" The", " red", " door", "."])
+    assert message.content.startswith(
+        f"Remember this code: {task.marker}. Remember this animal: {task.word}."
+    )
+    assert message.content.endswith("Answer with the code, then the animal.")
+    assert "The red door." in message.content
 
 
 def test_sizes_are_taken_in_turn():

@@ -98,7 +98,7 @@ async def test_a_burst_below_the_mixing_concurrency_passes(rig):
 
 
 async def test_a_mixing_batch_keeps_markers_but_gives_wrong_answers(rig):
-    """mix: each answer keeps its own marker but carries another request's number."""
+    """mix: each answer keeps its own marker but carries another request's word."""
     _sim, targets, runner, store = rig
     report = await runner.run(targets["mixes"], BURST)
     row = get_probe(store, report.probe_id)

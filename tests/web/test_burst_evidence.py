@@ -41,11 +41,11 @@ def _burst_probe(store: Store) -> int:
     )
     probe_id = store.begin_probe(new)
     requests = (
-        BurstRequest(0, 1, SOLO, 57, BurstOutcome.RIGHT, 200, True, 57, answer=f"{SOLO} 57"),
+        BurstRequest(0, 1, SOLO, "owl", BurstOutcome.RIGHT, 200, True, "owl", answer=f"{SOLO} owl"),
         BurstRequest(
-            1, 2, FIRST, 33, BurstOutcome.LEAK, 200, False, 41, siblings=(2,), answer="x 41"
+            1, 2, FIRST, "fox", BurstOutcome.LEAK, 200, False, "yak", siblings=(2,), answer="x yak"
         ),
-        BurstRequest(2, 2, SECOND, 41, BurstOutcome.RIGHT, 200, True, 41, answer=f"{SECOND} 41"),
+        BurstRequest(2, 2, SECOND, "yak", BurstOutcome.RIGHT, 200, True, "yak", answer="y yak"),
     )
     outcome = ProbeOutcome(
         verdict="burst_leak",
@@ -69,8 +69,8 @@ def test_the_api_lists_every_request_of_the_burst(store: Store, client: TestClie
         (2, 2, "right"),
     ]
     leak = body["burst"][1]
-    assert (leak["marker"], leak["expected"], leak["answered"]) == (FIRST, 33, 41)
-    assert (leak["siblings"], leak["answer"]) == ([2], "x 41")
+    assert (leak["marker"], leak["expected"], leak["answered"]) == (FIRST, "fox", "yak")
+    assert (leak["siblings"], leak["answer"]) == ([2], "x yak")
     assert body["depths"] == []
 
 
@@ -89,8 +89,8 @@ def test_answers_are_withheld_when_excerpts_are_off(store: Store, make_app: AppF
         body = c.get(f"/api/v1/probes/{probe_id}").json()
         page = c.get(f"/probes/{probe_id}").text
     assert [b["answer"] for b in body["burst"]] == [None, None, None]
-    assert [b["answered"] for b in body["burst"]] == [57, 41, 41]
-    assert "x 41" not in page
+    assert [b["answered"] for b in body["burst"]] == ["owl", "yak", "yak"]
+    assert "x yak" not in page
 
 
 def test_another_kinds_probe_has_no_burst_entries(
