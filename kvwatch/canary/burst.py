@@ -96,6 +96,11 @@ class BurstTask:
         return (Message("user", text),)
 
 
+def fits(prompt_tokens: int, window: int) -> bool:
+    """Whether a burst request of ``prompt_tokens`` leaves its answer room in ``window``."""
+    return prompt_tokens + ANSWER_TOKENS <= window
+
+
 def cycle_prompt_tokens(sizes: Sequence[int], prompt_tokens: int) -> int:
     """The prompt tokens a cycle sends on average over the sizes: the solo request and the
     burst, each about ``prompt_tokens``."""

@@ -148,3 +148,25 @@ async def test_the_demo_runs_the_burst_on_its_healthy_and_batch_mix_endpoints(st
     assert [r.verdict for r in healthy] == [Verdict.PASS]
     assert [r.verdict for r in mixed] == [Verdict.BURST_LEAK, Verdict.BURST_LEAK]
     assert BURST not in targets["stale-kv"].spec.probes
+
+
+async def test_a_burst_prompt_past_a_discovered_window_is_an_error_naming_the_key(store):
+    """burst.prompt_tokens past the 512-token window the engine reports (no window
+    configured, so the config could not say): error before any burst request is sent."""
+    async with (
+        run_simulator([SimEndpoint("tiny", window=512)]) as sim,
+        httpx.AsyncClient(timeout=None) as client,
+    ):
+        entry = sim_endpoint_entry(sim, "tiny", burst={"prompt_tokens": 512})
+        del entry["context_window"]
+        config = config_for([entry], database="sqlite:///unused.db")
+        targets, runner, _ = targets_and_runner(config, store, client)
+        await runner.run(targets["tiny"], ProbeKind.OVER)  # discovers the window
+        before = sim.simulation["tiny"].stats.requests
+        report = await runner.run(targets["tiny"], BURST)
+        assert sim.simulation["tiny"].stats.requests == before
+    assert report.verdict is Verdict.ERROR
+    assert report.reason == (
+        "cannot plan the canary: burst.prompt_tokens 512 leaves no room for the answer in the "
+        "512-token window"
+    )

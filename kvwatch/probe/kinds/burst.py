@@ -25,6 +25,7 @@ from kvwatch.canary.burst import (
     Sent,
     draw_tasks,
     filler_pieces,
+    fits,
     judge_burst,
     size_for,
 )
@@ -37,7 +38,6 @@ from kvwatch.canary.model import (
     ProbeKind,
     Verdict,
 )
-from kvwatch.canary.planning import TEMPLATE_ALLOWANCE
 from kvwatch.canary.scan import scan_answer
 from kvwatch.engines.base import Engine
 from kvwatch.probe.job import ProbeJob, Probing
@@ -85,10 +85,7 @@ async def probe(job: ProbeJob, io: Probing) -> Attempt:
         token_source=TOKEN_SOURCE,
     )
     window = target.window
-    if (
-        window is not None
-        and spec.burst_prompt_tokens + ANSWER_TOKENS + TEMPLATE_ALLOWANCE > window
-    ):
+    if window is not None and not fits(spec.burst_prompt_tokens, window):
         reason = (
             f"cannot plan the canary: burst.prompt_tokens {spec.burst_prompt_tokens} leaves no "
             f"room for the answer in the {window}-token window"
