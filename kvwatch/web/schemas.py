@@ -11,6 +11,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvwatch.canary.model import BurstRequest as BurstEvidence
 from kvwatch.canary.model import ProbeKind
 from kvwatch.store.queries import EndpointOverview, ProbeBrief, Summary
 from kvwatch.store.records import (
@@ -385,25 +386,7 @@ def probe(settings: WebSettings, r: ProbeRow, confirmed_by: list[int]) -> Probe:
         ],
         depths=[DepthMarker(depth=d.depth, marker=d.marker, outcome=d.outcome) for d in r.depths],
         lost=lost_part(r.depths),
-        burst=[
-            BurstRequest(
-                request=b.index,
-                size=b.size,
-                marker=b.marker,
-                expected=b.expected,
-                answered=b.answered,
-                marker_found=b.marker_found,
-                outcome=b.outcome.value,
-                siblings=list(b.siblings),
-                foreign_probe_ids=list(b.foreign),
-                status=b.status,
-                prompt_tokens=b.prompt_tokens,
-                completion_tokens=b.completion_tokens,
-                detail=b.detail,
-                answer=settings.excerpt(b.answer),
-            )
-            for b in r.burst
-        ],
+        burst=[_burst_request(b, settings) for b in r.burst],
         http_status=r.http_status,
         finish_reason=r.finish_reason,
         streamed=r.streamed,
@@ -455,4 +438,23 @@ def summary(s: Summary) -> EndpointSummary:
         prompt_tokens=s.prompt_tokens,
         completion_tokens=s.completion_tokens,
         tokens_spent=s.prompt_tokens + s.completion_tokens,
+    )
+
+
+def _burst_request(b: BurstEvidence, settings: WebSettings) -> BurstRequest:
+    return BurstRequest(
+        request=b.index,
+        size=b.size,
+        marker=b.marker,
+        expected=b.expected,
+        answered=b.answered,
+        marker_found=b.marker_found,
+        outcome=b.outcome.value,
+        siblings=list(b.siblings),
+        foreign_probe_ids=list(b.foreign),
+        status=b.status,
+        prompt_tokens=b.prompt_tokens,
+        completion_tokens=b.completion_tokens,
+        detail=b.detail,
+        answer=settings.excerpt(b.answer),
     )

@@ -51,7 +51,7 @@ TOKEN_SOURCE = "words"
 
 
 async def probe(job: ProbeJob, io: Probing) -> Attempt:
-    target, spec = job.target, job.target.spec
+    spec = job.target.spec
     size = size_for(spec.burst_sizes, _turn(job))
     issued = [markers.new_marker() for _ in range(size + 1)]
     planned = spec.burst_prompt_tokens * (size + 1)
@@ -69,22 +69,7 @@ async def probe(job: ProbeJob, io: Probing) -> Attempt:
         target_prompt_tokens=planned,
     )
     probe_id = await io.begin(new, job.claim)
-    rng = random.Random(secrets.randbits(64))
-    tasks = draw_tasks(rng, issued, size)
-    words = spec.burst_prompt_tokens - FIXED_TOKENS
-    prompts = [t.messages(filler_pieces(rng, words)) for t in tasks]
-    plan = PlannedPrompt(
-        kind=ProbeKind.BURST,
-        messages=prompts[0],
-        marker=issued[0],
-        planned_tokens=planned,
-        target_tokens=planned,
-        exact=False,
-        tolerance=0,
-        max_tokens=ANSWER_TOKENS,
-        token_source=TOKEN_SOURCE,
-    )
-    window = target.window
+    window = job.target.window
     if window is not None and not fits(spec.burst_prompt_tokens, window):
         reason = (
             f"cannot plan the canary: burst.prompt_tokens {spec.burst_prompt_tokens} leaves no "
@@ -93,6 +78,7 @@ async def probe(job: ProbeJob, io: Probing) -> Attempt:
         return Attempt(
             new, probe_id, None, Exchange(error_detail=reason), Judgement(Verdict.ERROR, reason)
         )
+    tasks, prompts, plan = _planned(job, issued, size, planned)
     try:
         exchange, judgement = await _cycle(job, io, tasks, prompts)
     except asyncio.CancelledError:
@@ -108,6 +94,29 @@ async def probe(job: ProbeJob, io: Probing) -> Attempt:
         io.metrics.interrupted.inc()
         raise
     return Attempt(new, probe_id, plan, exchange, judgement)
+
+
+def _planned(
+    job: ProbeJob, issued: list[str], size: int, planned: int
+) -> tuple[tuple[BurstTask, ...], list[tuple[Message, ...]], PlannedPrompt]:
+    """The cycle's tasks, their prompts (each with its own filler) and the plan stored with
+    the probe (the solo request's prompt, the cycle's planned tokens)."""
+    rng = random.Random(secrets.randbits(64))
+    tasks = draw_tasks(rng, issued, size)
+    words = job.target.spec.burst_prompt_tokens - FIXED_TOKENS
+    prompts = [t.messages(filler_pieces(rng, words)) for t in tasks]
+    plan = PlannedPrompt(
+        kind=ProbeKind.BURST,
+        messages=prompts[0],
+        marker=issued[0],
+        planned_tokens=planned,
+        target_tokens=planned,
+        exact=False,
+        tolerance=0,
+        max_tokens=ANSWER_TOKENS,
+        token_source=TOKEN_SOURCE,
+    )
+    return tasks, prompts, plan
 
 
 def _turn(job: ProbeJob) -> int:
