@@ -17,6 +17,8 @@ import random
 import secrets
 import time
 
+import structlog
+
 from kvwatch.canary import markers
 from kvwatch.canary.burst import (
     ANSWER_TOKENS,
@@ -43,11 +45,14 @@ from kvwatch.engines.base import Engine
 from kvwatch.probe.job import ProbeJob, Probing
 from kvwatch.probe.prompted import with_foreign
 from kvwatch.probe.result import Attempt
+from kvwatch.probe.window import WindowUnknown, window_of
 from kvwatch.store.errors import StoreError
 
 # The prompt is sized by its filler words, about one token each, not by a tokenizer: a
 # burst tests the batch, not the window, and the engine's own count is stored.
 TOKEN_SOURCE = "words"
+
+log = structlog.get_logger("kvwatch.probe")
 
 
 async def probe(job: ProbeJob, io: Probing) -> Attempt:
@@ -69,7 +74,7 @@ async def probe(job: ProbeJob, io: Probing) -> Attempt:
         target_prompt_tokens=planned,
     )
     probe_id = await io.begin(new, job.claim)
-    window = job.target.window
+    window = await _window(job)
     if window is not None and not fits(spec.burst_prompt_tokens, window):
         reason = (
             f"cannot plan the canary: burst.prompt_tokens {spec.burst_prompt_tokens} leaves no "
@@ -117,6 +122,18 @@ def _planned(
         token_source=TOKEN_SOURCE,
     )
     return tasks, prompts, plan
+
+
+async def _window(job: ProbeJob) -> int | None:
+    """The window the burst must fit, discovered on first use like every canary's; None
+    when it cannot be known now (the requests themselves then say whether they fit)."""
+    try:
+        return await window_of(job.target)
+    except WindowUnknown:
+        return None
+    except Exception as exc:  # discovery down, credentials refused: the requests will tell
+        log.debug("burst_window_unknown", endpoint=job.target.spec.name, error=str(exc))
+        return None
 
 
 def _turn(job: ProbeJob) -> int:
