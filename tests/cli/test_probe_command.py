@@ -50,7 +50,7 @@ def test_probe_exits_0_on_a_healthy_ollama_whose_over_prompt_is_cut(tmp_path: Pa
 
 def test_probe_kind_burst_gates_on_the_batch_path(tmp_path: Path) -> None:
     """`kvwatch probe NAME --kind burst`: exit 0 on a healthy batch, 1 (burst_leak) on one
-    that swaps answers; the simulator's endpoint given on its command line."""
+    that swaps answers; `kvwatch show` then lists each request."""
     with simulator_process(
         "name=ok,window=4096",
         "name=mixed,window=4096,fault=batch_mix,batch_mix_at=3",
@@ -68,8 +68,11 @@ def test_probe_kind_burst_gates_on_the_batch_path(tmp_path: Path) -> None:
                 main,
                 ["probe", name, "--kind", "burst", "--output", "json", "--config", str(config)],
             )
-            outcomes[name] = (
-                result.exit_code,
-                json.loads(result.stdout.splitlines()[0])["verdict"],
-            )
+            first = json.loads(result.stdout.splitlines()[0])
+            outcomes[name] = (result.exit_code, first["verdict"])
+        shown = CliRunner().invoke(main, ["show", str(first["probe_id"]), "--config", str(config)])
     assert outcomes == {"ok": (0, "pass"), "mixed": (1, "burst_leak")}
+    # `kvwatch show` lists the requests: the solo one right, each member holding another's.
+    assert "  request solo" in shown.stdout and " RIGHT: animal " in shown.stdout
+    assert shown.stdout.count(" LEAK: animal ") == 3
+    assert "holds the marker of request 2" in shown.stdout
