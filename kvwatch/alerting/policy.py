@@ -42,6 +42,8 @@ DEFAULT_RUNBOOK_BASE = "https://github.com/kvwatch/kvwatch/blob/main/docs/runboo
 # Probe kinds whose alerts depend on the model's recall and on the window edge: these are the
 # ones a failing baseline can explain away (DESIGN §1, "a weak model does not page anyone").
 BOUNDARY_PROBES = frozenset({"under", "over"})
+# The probe whose canary_ineffective holds them back (a burst's says nothing of recall).
+BASELINE_PROBE = "baseline"
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # Labels kvwatch sets itself; static labels from config may not shadow them, or an alert's
