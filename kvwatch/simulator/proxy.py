@@ -139,6 +139,10 @@ class ProxyEndpoint:
     # batch_mix: the prompts of the requests in flight, in arrival order (each its own list).
     in_flight: list[Messages] = field(default_factory=list)
 
+    def leave(self, messages: Messages) -> None:
+        """A batch_mix request is done: it leaves the batch."""
+        self.in_flight[:] = [m for m in self.in_flight if m is not messages]
+
     def remember(self, tenant: str, messages: Messages) -> None:
         self.stale_by_tenant.pop(tenant, None)  # re-inserted: the newest goes last
         self.stale_by_tenant[tenant] = messages
@@ -401,7 +405,9 @@ class ProxyApp:
                 body | {"messages": batch[(position + 1) % len(batch)]}, headers
             )
         finally:
-            state.in_flight[:] = [m for m in state.in_flight if m is not mine]
+            # Still in the batch for a decode step, as on the simulator: a request that
+            # arrived a little later is batched with it too.
+            asyncio.get_running_loop().call_later(BATCH_STEP_SECONDS, state.leave, mine)
 
     async def _beyond_pool(
         self,
