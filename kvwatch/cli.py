@@ -578,6 +578,21 @@ def _field(row: Any, name: str) -> Any:
     return getattr(row, name)
 
 
+def _burst_lines(requests: Any) -> list[str]:
+    """A burst probe's requests, one line each: whose marker, right or not, and why."""
+    lines = []
+    for b in requests:
+        who = "solo" if b.request == 0 else f"{b.request} of {b.size}"
+        held = f", holds the marker of request {', '.join(map(str, b.siblings))}"
+        lines.append(
+            f"  request {who:<8} {b.marker} {b.outcome.upper()}: animal {b.expected}, "
+            f"answered {b.answered or '-'}"
+            + (held if b.siblings else "")
+            + (f" ({b.detail})" if b.detail else "")
+        )
+    return lines
+
+
 def _probe_text(p: Any) -> str:
     """``kvwatch show`` as text: one labelled line per piece of evidence."""
 
@@ -607,6 +622,7 @@ def _probe_text(p: Any) -> str:
         lines.append(f"  at depth {d.depth!r:<5}  {d.marker} {(d.outcome or 'not judged').upper()}")
     if p.lost:
         lines.append(f"  lost:          {p.lost}")
+    lines += _burst_lines(p.burst)
     for f in p.foreign_markers:
         lines.append(
             f"  LEAKED MARKER: {f.marker} of probe {f.probe_id} ({f.endpoint}, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvwatch.canary.burst import ANSWER_TOKENS, cycle_prompt_tokens
 from kvwatch.canary.model import ProbeKind
 from kvwatch.canary.sizing import AcceptanceRule, target_prompt_tokens
 from kvwatch.config import EndpointSpec
@@ -52,6 +53,9 @@ def plan_costs(specs: list[EndpointSpec]) -> list[ProbeCost]:
                 # only when it finds a KV pool smaller than the window: an incident.)
                 costs.append(ProbeCost(spec.name, kind, spec.interval_seconds, 0, per_day, 0, 0))
                 continue
+            if kind is ProbeKind.BURST:
+                costs.append(_burst_cost(spec, per_day))
+                continue
             tokens = None
             if spec.context_window is not None:
                 tokens = target_prompt_tokens(
@@ -80,3 +84,19 @@ def plan_costs(specs: list[EndpointSpec]) -> list[ProbeCost]:
                 )
             )
     return costs
+
+
+def _burst_cost(spec: EndpointSpec, per_day: float) -> ProbeCost:
+    """A burst cycle: the solo request and N at once, N averaged over the sizes it takes in
+    turn; each prompt is prefilled whole (its filler is its own: no cache hit)."""
+    tokens = cycle_prompt_tokens(spec.burst_sizes, spec.burst_prompt_tokens)
+    requests = 1 + sum(spec.burst_sizes) / len(spec.burst_sizes)
+    return ProbeCost(
+        endpoint=spec.name,
+        kind=ProbeKind.BURST,
+        interval_seconds=spec.interval_seconds,
+        prompt_tokens=tokens,
+        probes_per_day=per_day,
+        prefill_tokens_per_day=tokens * per_day,
+        completion_tokens_per_day=requests * ANSWER_TOKENS * per_day,
+    )

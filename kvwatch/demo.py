@@ -9,8 +9,9 @@ from __future__ import annotations
 import yaml
 
 from kvwatch.config import Config, parse_config
+from kvwatch.config.sections import DEFAULT_PROBES
 from kvwatch.daemon import Daemon
-from kvwatch.simulator.fleet import ESTIMATED, demo_fleet
+from kvwatch.simulator.fleet import BURST_DEMO, ESTIMATED, demo_fleet
 from kvwatch.simulator.server import run_simulator
 
 DEMO_INTERVAL = "20s"
@@ -39,6 +40,9 @@ def demo_config(urls: dict[str, tuple[str, str, int, str]], database: str) -> Co
                 "flavour": flavour,
                 # As if behind a gateway without a tokenize route: tokens are estimated.
                 **({"tokenizer": "usage"} if name == ESTIMATED else {}),
+                # The burst probe is opt-in: on the healthy endpoint (passes) and the one
+                # whose batches mix answers (burst_leak).
+                **({"probes": [*DEFAULT_PROBES, "burst"]} if name in BURST_DEMO else {}),
             }
             for name, (url, model, window, flavour) in urls.items()
         ],

@@ -22,6 +22,7 @@ WINDOW_NOT_SERVED = "KVWatchWindowNotServed"
 WRONG_REJECTION = "KVWatchWrongRejection"
 PROBE_FAILING = "KVWatchProbeFailing"
 CANARY_INEFFECTIVE = "KVWatchCanaryIneffective"
+BURST_WRONG = "KVWatchBurstWrong"
 # Every alert kvwatch raises (DESIGN §6): delivery starts each one's firing gauge at zero.
 ALERTNAMES = (
     CROSS_REQUEST_LEAK,
@@ -33,6 +34,7 @@ ALERTNAMES = (
     WRONG_REJECTION,
     PROBE_FAILING,
     CANARY_INEFFECTIVE,
+    BURST_WRONG,
 )
 
 DEFAULT_RUNBOOK_BASE = "https://github.com/kvwatch/kvwatch/blob/main/docs/runbooks.md"
@@ -40,6 +42,8 @@ DEFAULT_RUNBOOK_BASE = "https://github.com/kvwatch/kvwatch/blob/main/docs/runboo
 # Probe kinds whose alerts depend on the model's recall and on the window edge: these are the
 # ones a failing baseline can explain away (DESIGN §1, "a weak model does not page anyone").
 BOUNDARY_PROBES = frozenset({"under", "over"})
+# The probe whose canary_ineffective holds them back (a burst's says nothing of recall).
+BASELINE_PROBE = "baseline"
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # Labels kvwatch sets itself; static labels from config may not shadow them, or an alert's
@@ -170,7 +174,8 @@ def _defaults() -> dict[str, AlertPolicy]:
         alert(
             critical,
             CROSS_REQUEST_LEAK,
-            {Verdict.FOREIGN_MARKER},
+            # burst_leak: the other request was one of the same burst, sent at once.
+            {Verdict.FOREIGN_MARKER, Verdict.BURST_LEAK},
             "{endpoint} answered the {probe} canary with another request's data",
             # A leaked marker is proof whatever the model's recall ability: always pages.
             suppressed_by_canary=False,
@@ -236,6 +241,15 @@ def _defaults() -> dict[str, AlertPolicy]:
             CANARY_INEFFECTIVE,
             {Verdict.CANARY_INEFFECTIVE},
             "the model behind {endpoint} cannot recall a marker even from a short prompt",
+            suppressed_by_canary=False,
+        ),
+        alert(
+            critical,
+            BURST_WRONG,
+            {Verdict.BURST_WRONG},
+            "{endpoint} answers concurrent requests wrong that it answers right one at a time",
+            # The burst's own solo request is its canary: a model that cannot do the task
+            # is canary_ineffective on that very probe, never this alert.
             suppressed_by_canary=False,
         ),
     ]

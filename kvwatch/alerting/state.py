@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import NamedTuple, Protocol
 
 from kvwatch.alerting.policy import (
+    BASELINE_PROBE,
     BOUNDARY_PROBES,
     CANARY_INEFFECTIVE,
     REGION_LABEL,
@@ -218,10 +219,14 @@ def evaluate(
 
 
 def _baseline_failing(states: Mapping[AlertKey, AlertState], endpoint: str) -> bool:
+    # The baseline's own: a burst whose solo request fails its two-fact task says nothing of
+    # the model's recall of one marker, which is what explains boundary failures away.
     return any(
         state.state in (AlertStatus.PENDING, AlertStatus.FIRING)
         for key, state in states.items()
-        if key.alertname == CANARY_INEFFECTIVE and key.endpoint == endpoint
+        if key.alertname == CANARY_INEFFECTIVE
+        and key.endpoint == endpoint
+        and key.probe == BASELINE_PROBE
     )
 
 

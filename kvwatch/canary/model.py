@@ -23,6 +23,9 @@ class ProbeKind(enum.StrEnum):
     # A step of the served-window search after a window failure (kvwatch.canary.served):
     # evidence linked to its trigger, never scheduled, never paging.
     BISECT = "bisect"
+    # The same short canary sent concurrently: a solo request, then N at once, each with its
+    # own marker and a checkable task (kvwatch.canary.burst): the batch path of the engine.
+    BURST = "burst"
 
 
 class Verdict(enum.StrEnum):
@@ -48,6 +51,11 @@ class Verdict(enum.StrEnum):
     # boundary it was meant to test (an over probe that fit, an under probe that did not):
     # it proves nothing either way. Re-planned with what it taught, and never a page.
     SIZING_MISS = "sizing_miss"
+    # burst: an answer holds the marker of another request of the same burst (the engine
+    # mixed up concurrent requests: one user's answer carries another's data).
+    BURST_LEAK = "burst_leak"
+    # burst: a request answered its task wrong under load while the solo request was right.
+    BURST_WRONG = "burst_wrong"
 
 
 class Severity(enum.StrEnum):
@@ -76,6 +84,13 @@ SEVERITY: dict[Verdict, Severity] = {
     Verdict.AUTH_ERROR: Severity.WARNING,
     Verdict.THROTTLED: Severity.NONE,
     Verdict.SIZING_MISS: Severity.NONE,
+    Verdict.BURST_LEAK: Severity.CRITICAL,
+    # Critical: the solo request proved the model does the task, so wrong answers under load
+    # are the engine corrupting its batch (TensorRT-LLM #17964: at concurrency 8 every
+    # request diverged, all HTTP 200), served to every user of it. The usual confirmation
+    # probe (a fresh burst, new tasks) keeps a one-off flip of a batch-variant model from
+    # paging anyone.
+    Verdict.BURST_WRONG: Severity.CRITICAL,
 }
 
 # Verdicts that say nothing about the endpoint's correctness (retry later, or re-plan): they
@@ -224,6 +239,36 @@ class PlannedPrompt:
         return tuple(p.marker for p in self.placements) or (self.marker,)
 
 
+class BurstOutcome(enum.StrEnum):
+    """What became of one request of a burst (kvwatch.canary.burst)."""
+
+    RIGHT = "right"  # its own marker and its own word, nothing else
+    WRONG = "wrong"  # its marker or its word missing or wrong
+    LEAK = "leak"  # holds the marker of another request of the same burst
+    FOREIGN = "foreign"  # holds the marker of another probe
+    FAILED = "failed"  # no usable answer: transport, status, stream or body
+
+
+@dataclass(frozen=True, slots=True)
+class BurstRequest:
+    """One request of a burst cycle as judged: the evidence stored with the probe."""
+
+    index: int  # 0: the solo request; 1..N: the burst's members, in the order sent
+    size: int  # requests sent at once with it (1: the solo request)
+    marker: str
+    expected: str  # the task's answer: the word the request was asked to give back
+    outcome: BurstOutcome
+    status: int | None = None
+    marker_found: bool = False
+    answered: str | None = None  # the task's word the answer gave (None: none of them)
+    siblings: tuple[int, ...] = ()  # indexes of the other requests whose markers it holds
+    foreign: tuple[int, ...] = ()  # ids of other probes whose markers it holds
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    detail: str | None = None  # why it failed, for a FAILED request
+    answer: str | None = None  # the answer's text (bounded when stored)
+
+
 @dataclass(frozen=True, slots=True)
 class Judgement:
     """A verdict with the one-line reason and the facts it rests on."""
@@ -237,3 +282,5 @@ class Judgement:
     depths: list[DepthResult] = field(default_factory=list)
     # The foreign markers issued under another named tenant (a cross_tenant_leak's source).
     crossed: tuple[ForeignMarker, ...] = ()
+    # Per request, for a burst probe; empty otherwise.
+    burst: tuple[BurstRequest, ...] = ()

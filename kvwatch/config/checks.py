@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvwatch.canary.burst import ANSWER_TOKENS, fits
+from kvwatch.canary.model import ProbeKind
 from kvwatch.canary.planning import ANSWER_TOKENS_PER_CODE
 from kvwatch.config.durations import format_duration
 from kvwatch.config.expand import KeyPath
@@ -125,6 +127,15 @@ def _size_problems(here: KeyPath, endpoint: EndpointSettings, spec: EndpointSpec
                 (*here, "context_window"),
                 f"{window} tokens cannot hold the baseline prompt of {spec.baseline_tokens}"
                 f" tokens plus max_tokens {spec.max_tokens}",
+            )
+        )
+    burst = ProbeKind.BURST in spec.probes
+    if window is not None and burst and not fits(spec.burst_prompt_tokens, window):
+        problems.append(
+            (
+                (*here, "context_window"),
+                f"{window} tokens cannot hold the burst prompt of {spec.burst_prompt_tokens}"
+                f" tokens plus its {ANSWER_TOKENS} answer tokens",
             )
         )
     return problems

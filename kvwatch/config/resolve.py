@@ -13,6 +13,7 @@ from typing import TypeVar
 
 from pydantic import SecretStr
 
+from kvwatch.canary.burst import DEFAULT_PROMPT_TOKENS, DEFAULT_SIZES
 from kvwatch.canary.model import ProbeKind
 from kvwatch.config.sections import Defaults, Endpoint, EndpointSettings
 
@@ -70,6 +71,9 @@ class EndpointSpec:
     source: str | None = None
     source_context_window: int | None = None
     source_kv_pool_tokens: int | None = None
+    # The burst probe: requests at once, cycle after cycle in turn, and each one's prompt.
+    burst_sizes: tuple[int, ...] = DEFAULT_SIZES
+    burst_prompt_tokens: int = DEFAULT_PROMPT_TOKENS
 
     @property
     def default_tenant(self) -> TenantSpec | None:
@@ -101,6 +105,7 @@ def resolve_settings(
     }
     interval = _pick(endpoint.interval, defaults.interval)
     jitter = endpoint.jitter if endpoint.jitter is not None else defaults.jitter
+    burst = _pick(endpoint.burst, defaults.burst)
     api_key = endpoint.api_key
     if endpoint.api_key_file is not None:
         api_key = endpoint.api_key_file.value
@@ -126,6 +131,8 @@ def resolve_settings(
         served_window=_pick(endpoint.served_window, defaults.served_window),
         body_limit_bytes=_pick(endpoint.body_limit_bytes, defaults.body_limit_bytes),
         labels=MappingProxyType(dict(endpoint.labels)),
+        burst_sizes=tuple(burst.sizes),
+        burst_prompt_tokens=burst.prompt_tokens,
         tenants=tuple(
             TenantSpec(
                 name=tenant.name,

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from kvwatch.canary.burst import DEFAULT_PROMPT_TOKENS, DEFAULT_SIZES, MAX_SIZE, MIN_PROMPT_TOKENS
 from kvwatch.config.types import (
     Duration,
     EndpointName,
@@ -33,8 +34,9 @@ Flavour = Literal["openai", "vllm", "sglang", "llamacpp", "tgi", "ollama", "anth
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 # The kinds a user schedules. "edge" is not among them: it runs with the capacity check
-# whenever the engine reports a KV pool smaller than its window.
-ScheduledKind = Literal["under", "over", "baseline", "capacity"]
+# whenever the engine reports a KV pool smaller than its window. "burst" is opt-in: it puts
+# concurrent load on the engine, which a team should choose.
+ScheduledKind = Literal["under", "over", "baseline", "capacity", "burst"]
 DEFAULT_PROBES: tuple[ScheduledKind, ...] = ("under", "over", "baseline", "capacity")
 
 
@@ -103,6 +105,9 @@ class Timeouts(_Strict):
     edge: Duration = 600.0
     # One step of the served-window search: up to as long a prefill as under.
     bisect: Duration = 600.0
+    # A whole burst cycle: the solo request, then every concurrent one (short prompts, but
+    # an engine with few slots serves them in turn).
+    burst: Duration = 300.0
 
 
 class TimeoutOverrides(_Strict):
@@ -114,6 +119,7 @@ class TimeoutOverrides(_Strict):
     capacity: Duration | None = None
     edge: Duration | None = None
     bisect: Duration | None = None
+    burst: Duration | None = None
 
 
 def _unique_depths(depths: list[float]) -> None:
@@ -122,6 +128,38 @@ def _unique_depths(depths: list[float]) -> None:
         if depth in seen:
             raise invalid(f"lists marker depth {depth} twice")
         seen.add(depth)
+
+
+class Burst(_Strict):
+    """The burst probe's shape: how many requests at once, cycle after cycle (``sizes``, in
+    turn), and the prompt tokens of each request."""
+
+    sizes: list[int] = Field(default=list(DEFAULT_SIZES))
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS
+
+    @field_validator("sizes", mode="before")
+    @classmethod
+    def _sizes(cls, sizes: object) -> list[int]:
+        if not isinstance(sizes, list) or not sizes:
+            raise invalid("must be a non-empty list of burst sizes")
+        seen: set[int] = set()
+        for size in sizes:
+            if isinstance(size, bool) or not isinstance(size, int) or not 2 <= size <= MAX_SIZE:
+                raise invalid(
+                    f"burst size {size!r} must be a whole number from 2 to {MAX_SIZE} "
+                    "(1 is the solo request every cycle sends anyway)"
+                )
+            if size in seen:
+                raise invalid(f"lists burst size {size} twice")
+            seen.add(size)
+        return sizes
+
+    @field_validator("prompt_tokens", mode="before")
+    @classmethod
+    def _prompt_tokens(cls, tokens: object) -> int:
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < MIN_PROMPT_TOKENS:
+            raise invalid(f"must be a whole number of at least {MIN_PROMPT_TOKENS} tokens")
+        return tokens
 
 
 class Defaults(_Strict):
@@ -140,6 +178,7 @@ class Defaults(_Strict):
     # After a window failure, search for the largest prompt the endpoint serves whole.
     served_window: Flag = True
     body_limit_bytes: PositiveInt = 4 * 1024 * 1024
+    burst: Burst = Burst()
 
     @model_validator(mode="after")
     def _depths(self) -> Defaults:
@@ -188,6 +227,7 @@ class EndpointSettings(_Strict):
     confirm: Flag | None = None
     served_window: Flag | None = None
     body_limit_bytes: PositiveInt | None = None
+    burst: Burst | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> EndpointSettings:

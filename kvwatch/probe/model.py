@@ -45,6 +45,7 @@ class EndpointState:
     window: int | None = None  # configured, else discovered on first use
     discovery: Discovery | None = None  # the engine's last self-report (capacity check)
     served: ServedWindowRecord | None = None  # the last served-window measurement, if read
+    burst_turns: int = 0  # burst cycles run outside a scheduled slot (one-shot probes)
 
 
 @dataclass(frozen=True, slots=True)

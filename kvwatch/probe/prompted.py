@@ -156,7 +156,7 @@ class PromptProber:
             progress=job.progress,
         )
         read_stated_count(exchange)
-        scan = await _with_foreign(scan_answer(exchange.answer, plan.markers), io)
+        scan = await with_foreign(scan_answer(exchange.answer, plan.markers), io)
         judgement = self.judge(job, plan, exchange, scan)
         if plan.note and judgement.verdict is not Verdict.PASS:
             judgement = dataclasses.replace(judgement, reason=f"{judgement.reason}; {plan.note}")
@@ -165,7 +165,7 @@ class PromptProber:
         return exchange, judgement
 
 
-async def _with_foreign(scan: AnswerScan, io: Probing) -> AnswerScan:
+async def with_foreign(scan: AnswerScan, io: Probing) -> AnswerScan:
     """The scan with the issued markers among its codes looked up."""
     unknown = scan.unknown
     if not unknown:

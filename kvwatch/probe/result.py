@@ -8,6 +8,7 @@ each derived from it here, so they cannot disagree.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -88,6 +89,9 @@ class ProbeResult:
             ttfb_seconds=ex.ttfb_seconds,
             duration_seconds=ex.total_seconds,
             depths=tuple(j.depths),
+            burst=tuple(
+                dataclasses.replace(r, answer=bounded(r.answer, excerpt_chars)) for r in j.burst
+            ),
             planned_prompt_tokens=new.planned_prompt_tokens,
             target_prompt_tokens=new.target_prompt_tokens,
             tokenize_calls=new.tokenize_calls,

@@ -32,6 +32,7 @@ from starlette.routing import Route
 
 from kvwatch.simulator import errors, listing, native
 from kvwatch.simulator.model import (
+    BATCH_STEP_SECONDS,
     Answer,
     ChatRequest,
     Reject,
@@ -151,12 +152,21 @@ async def chat_completions(request: Request) -> Response:
         return JSONResponse(decision.body, decision.status, headers=decision.headers)
 
     # Prefill happens before the first byte; sleeping (never blocking) keeps every other
-    # endpoint of the fleet responsive meanwhile.
-    delay = spec.ttfb_delay
-    if spec.prefill_tokens_per_second > 0:
-        delay += decision.prefilled_tokens / spec.prefill_tokens_per_second
-    if delay > 0:
-        await asyncio.sleep(delay)
+    # endpoint of the fleet responsive meanwhile. The request is in the engine's running
+    # batch from now until a decode step after its answer is decided.
+    flight = state.arrive(decision)
+    try:
+        delay = spec.ttfb_delay
+        if spec.prefill_tokens_per_second > 0:
+            delay += decision.prefilled_tokens / spec.prefill_tokens_per_second
+        if state.fault is FaultMode.BATCH_MIX:
+            # The engine steps its batch: requests that arrive meanwhile are decoded with it.
+            delay = max(delay, BATCH_STEP_SECONDS)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        decision = state.batched(flight)
+    finally:
+        asyncio.get_running_loop().call_later(BATCH_STEP_SECONDS, state.leave, flight)
 
     if isinstance(decision, StreamFailure):
         return StreamingResponse(

@@ -15,7 +15,7 @@ from kvwatch.simulator.proxy import run_proxy
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, Flavour, SimEndpoint
 
-_INT_KEYS = {"window", "kv_pool", "max_input_tokens"}
+_INT_KEYS = {"window", "kv_pool", "max_input_tokens", "batch_mix_at"}
 _FLOAT_KEYS = {"prefill_tokens_per_second", "ttfb_delay", "token_skew", "token_skew_drift"}
 _ENDPOINT_KEYS = [f.name for f in dataclasses.fields(SimEndpoint)]
 

@@ -20,7 +20,13 @@ _SIZES: dict[FaultMode, tuple[int, int]] = {
     FaultMode.NO_RECALL: (4096, 4096),
     FaultMode.THROTTLED: (4096, 4096),
     FaultMode.SERVER_ERROR: (4096, 4096),
+    FaultMode.BATCH_MIX: (4096, 4096),
 }
+# The demo's batch_mix endpoint mixes from 3 requests in flight, so every burst size of the
+# default list (3, 7, 9, 17) shows the leak, not only those past the usual threshold of 8.
+DEMO_BATCH_MIX_AT = 3
+# The endpoints the demo runs the burst probe on: the healthy one passes, batch-mix leaks.
+BURST_DEMO = frozenset({"healthy", "batch-mix"})
 
 
 # A healthy endpoint whose vocabulary counts 4 % fewer tokens than the simulator's own:
@@ -39,6 +45,7 @@ def demo_fleet() -> list[SimEndpoint]:
             window=window,
             kv_pool=kv_pool,
             fault=fault,
+            batch_mix_at=DEMO_BATCH_MIX_AT,
         )
         for fault, (window, kv_pool) in _SIZES.items()
     ] + [SimEndpoint(name=ESTIMATED, model=DEMO_MODEL, window=8192, token_skew=-0.04)]

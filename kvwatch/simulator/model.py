@@ -12,6 +12,7 @@ answer.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import deque
 from collections.abc import Sequence
@@ -44,6 +45,13 @@ _NO_POOL_GUARD = frozenset(
 _ASKED_FOR = re.compile(r"(?:Remember|What are) the (\d+) codes")
 # What a swapped-out prompt becomes: one token, which holds nothing worth recalling.
 PLACEHOLDER_TOKENS = 1
+# One step of an engine's running batch: requests that arrive within it are decoded together
+# (what a batch_mix fault mixes), and a request stays in the batch a step after its answer.
+BATCH_STEP_SECONDS = 0.2
+# How a burst canary (kvwatch.canary.burst) plants the word it asks back.
+_WORD_PLANTED = re.compile(r"Remember this animal: ([a-z]+)")
+# The word an answer ends with: what a mixed batch takes from another request.
+_LAST_WORD = re.compile(r"[a-z]+(?=[^a-z]*$)")
 
 
 def render_chat(messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
@@ -149,6 +157,8 @@ class Answer:
 
 
 Decision = Reject | StreamFailure | Answer
+# What an admitted request gets: an answer, or a stream that fails.
+Served = StreamFailure | Answer
 
 
 @dataclass(slots=True)
@@ -157,6 +167,8 @@ class EndpointStats:
     prefilled_tokens: int = 0
     rejected: int = 0
     tokenize_calls: int = 0
+    # The most requests it has had in flight at once (a burst that reached it as one).
+    peak_in_flight: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -164,7 +176,15 @@ class EndpointStats:
             "prefilled_tokens": self.prefilled_tokens,
             "rejected": self.rejected,
             "tokenize_calls": self.tokenize_calls,
+            "peak_in_flight": self.peak_in_flight,
         }
+
+
+@dataclass(eq=False, slots=True)
+class InFlight:
+    """A request being served, with what the engine decided for it alone."""
+
+    decision: Served
 
 
 class EndpointState:
@@ -176,6 +196,8 @@ class EndpointState:
         self.pool = KVPagePool(spec.pool_tokens)
         self.stats = EndpointStats()
         self._tokenizer = tokenizer.Tokenizer(spec.token_skew)
+        # The requests being served now, in arrival order: the batch an engine steps.
+        self.in_flight: list[InFlight] = []
 
     @property
     def tokenizer(self) -> tokenizer.Tokenizer:
@@ -194,6 +216,29 @@ class EndpointState:
         decision = decide(self.spec, self.fault, self.pool, request, self.tokenizer)
         self.record(decision, tenant=request.tenant)
         return decision
+
+    def arrive(self, decision: Served) -> InFlight:
+        """``decision``'s request joins the running batch."""
+        flight = InFlight(decision)
+        self.in_flight.append(flight)
+        self.stats.peak_in_flight = max(self.stats.peak_in_flight, len(self.in_flight))
+        return flight
+
+    def leave(self, flight: InFlight) -> None:
+        """The request is done: it leaves the batch."""
+        if flight in self.in_flight:
+            self.in_flight.remove(flight)
+
+    def batched(self, flight: InFlight) -> Served:
+        """What ``flight`` is answered with, given the batch it is decoded in now."""
+        if self.fault is not FaultMode.BATCH_MIX:
+            return flight.decision
+        return mix_batch(
+            [f.decision for f in self.in_flight],
+            self.in_flight.index(flight),
+            at=self.spec.batch_mix_at,
+            how=self.spec.batch_mix_how,
+        )
 
     def record(self, decision: Decision, *, tenant: str | None = None) -> None:
         self.stats.requests += 1
@@ -215,7 +260,33 @@ def recall(attended: str, *, can_recall: bool = True) -> str:
     found = list(dict.fromkeys(find_markers(attended))) if can_recall else []
     asked = _ASKED_FOR.search(attended)
     wanted = int(asked.group(1)) if asked else 1
-    return " ".join(found[:wanted]) if found else NOT_FOUND
+    answer = " ".join(found[:wanted]) if found else NOT_FOUND
+    # A burst canary's word: the model gives back the first one it attended to.
+    planted = _WORD_PLANTED.search(attended)
+    if planted and can_recall:
+        answer = f"{answer} {planted.group(1)}"
+    return answer
+
+
+def mix_batch(batch: Sequence[Served], position: int, *, at: int, how: str) -> Served:
+    """What the request at ``position`` of ``batch`` (decisions in arrival order) is answered
+    with on an engine whose batches of ``at`` requests or more mix answers: the next
+    request's answer (``swap``), or its own answer ending with the next one's number
+    (``mix``: a burst's own marker with the next request's word; a swap when either answer
+    ends in no word). Only answers mix."""
+    own = batch[position]
+    if len(batch) < at or not isinstance(own, Answer):
+        return own
+    rotated = [*batch[position + 1 :], *batch[:position]]
+    others = [d for d in rotated if isinstance(d, Answer)]
+    if not others:
+        return own
+    other = others[0]
+    text = other.text
+    own_word, other_word = _LAST_WORD.search(own.text), _LAST_WORD.search(other.text)
+    if how == "mix" and own_word and other_word:
+        text = own.text[: own_word.start()] + other_word.group() + own.text[own_word.end() :]
+    return dataclasses.replace(own, pieces=tuple(tokenizer.tokenize(text)))
 
 
 def _over_window(flavour: Flavour, window: int, prompt: int, max_tokens: int | None) -> bool:

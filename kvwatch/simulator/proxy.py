@@ -28,6 +28,12 @@ What each fault does here (prompt sizes are the upstream's own count, ``/apply-t
   then an error frame and ``[DONE]`` end the stream. Not streamed, it is answered 500 without
   reaching the upstream.
 
+- ``batch_mix`` (``batch_mix_how: swap`` only): a request joins the endpoint's batch and
+  waits one batch step; with ``batch_mix_at`` or more requests in flight then, it is sent to
+  the upstream with the *next* request's prompt, so the client gets the real model's answer to
+  another request (vLLM #6023: "responses from other requests"), HTTP 200. (``mix``, one
+  answer carrying part of another's, has no real-model equivalent: refused at start.)
+
 ``report_usage: sent`` makes a cut or swapped prompt report the tokens sent instead of the
 tokens the upstream read (an engine that lies about usage). Everything else (``/v1/models``,
 ``/tokenize``, ``/apply-template``, ``/props``, ``/slots``, ``/health``, ...) is passed through
@@ -54,7 +60,7 @@ from starlette.routing import Route
 from kvwatch.canary.model import Rejection
 from kvwatch.engines.rejections import classify_rejection
 from kvwatch.simulator import errors
-from kvwatch.simulator.model import PLACEHOLDER_TOKENS
+from kvwatch.simulator.model import BATCH_STEP_SECONDS, PLACEHOLDER_TOKENS
 from kvwatch.simulator.server import SHUTDOWN_GRACE_SECONDS, _bind, _EmbeddedServer
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.simulator.traces import TRACE_HEADERS
@@ -68,6 +74,7 @@ PROXY_FAULTS = frozenset(
         FaultMode.ACCEPT_OVER_LIMIT,
         FaultMode.STREAM_ERROR_FRAME,
         FaultMode.WRONG_STATUS,
+        FaultMode.BATCH_MIX,
     }
 )
 # Faults that need the prompt's size before anything is sent.
@@ -95,6 +102,11 @@ class ProxyError(Exception):
 
 def check_proxy_fault(endpoint: SimEndpoint) -> None:
     """Raise ``ValueError`` when ``endpoint``'s fault has no proxy-mode equivalent."""
+    if endpoint.fault is FaultMode.BATCH_MIX and endpoint.batch_mix_how != "swap":
+        raise ValueError(
+            f"endpoint {endpoint.name}: batch_mix_how {endpoint.batch_mix_how} is not available "
+            "in proxy mode (a real model's answer cannot be made half another's); use swap"
+        )
     if endpoint.fault not in PROXY_FAULTS:
         supported = ", ".join(sorted(f.value for f in PROXY_FAULTS))
         raise ValueError(
@@ -124,6 +136,12 @@ class ProxyEndpoint:
     # first: what the stale pages hold.
     stale_by_tenant: dict[str, Messages] = field(default_factory=dict)
     stats: ProxyStats = field(default_factory=ProxyStats)
+    # batch_mix: the prompts of the requests in flight, in arrival order (each its own list).
+    in_flight: list[Messages] = field(default_factory=list)
+
+    def leave(self, messages: Messages) -> None:
+        """A batch_mix request is done: it leaves the batch."""
+        self.in_flight[:] = [m for m in self.in_flight if m is not messages]
 
     def remember(self, tenant: str, messages: Messages) -> None:
         self.stale_by_tenant.pop(tenant, None)  # re-inserted: the newest goes last
@@ -349,6 +367,8 @@ class ProxyApp:
         self, state: ProxyEndpoint, request: Request, body: dict[str, Any], messages: Messages
     ) -> Response:
         fault, headers = state.fault, _headers(request)
+        if fault is FaultMode.BATCH_MIX:
+            return await self._batched(state, body, messages, headers)
         if fault in _POOL_FAULTS:
             sent = await self.upstream.count_prompt(messages, headers)
             if sent > state.spec.pool_tokens:
@@ -362,6 +382,32 @@ class ProxyApp:
                 )
             return await self._past_the_limit(state, body, messages, headers)
         return reply
+
+    async def _batched(
+        self,
+        state: ProxyEndpoint,
+        body: dict[str, Any],
+        messages: Messages,
+        headers: dict[str, str],
+    ) -> Response:
+        """batch_mix: after a batch step, a batch of ``batch_mix_at`` or more answers each
+        request from the next one's prompt."""
+        mine = list(messages)  # its own list: found in the batch by identity
+        state.in_flight.append(mine)
+        try:
+            await asyncio.sleep(BATCH_STEP_SECONDS)
+            batch = list(state.in_flight)
+            if len(batch) < state.spec.batch_mix_at:
+                return await self._send(body, headers)
+            position = next(i for i, m in enumerate(batch) if m is mine)
+            state.stats.injected += 1
+            return await self._send(
+                body | {"messages": batch[(position + 1) % len(batch)]}, headers
+            )
+        finally:
+            # Still in the batch for a decode step, as on the simulator: a request that
+            # arrived a little later is batched with it too.
+            asyncio.get_running_loop().call_later(BATCH_STEP_SECONDS, state.leave, mine)
 
     async def _beyond_pool(
         self,

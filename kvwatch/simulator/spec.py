@@ -38,6 +38,11 @@ class FaultMode(enum.StrEnum):
     NO_RECALL = "no_recall"
     THROTTLED = "throttled"
     SERVER_ERROR = "server_error"
+    # With ``batch_mix_at`` or more requests in flight, each is answered with another's
+    # answer (``batch_mix_how: swap``, vLLM #6023: prefix caching under concurrency returned
+    # other requests' responses) or with its own answer carrying another's result (``mix``,
+    # TensorRT-LLM #17964: at concurrency 8 every request diverged). All HTTP 200.
+    BATCH_MIX = "batch_mix"
 
 
 class Flavour(enum.StrEnum):
@@ -65,6 +70,9 @@ class Flavour(enum.StrEnum):
 
 
 ReportUsage = Literal["attended", "sent"]
+BatchMixHow = Literal["swap", "mix"]
+# TensorRT-LLM #17964: the divergence began at concurrency 8.
+DEFAULT_BATCH_MIX_AT = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +105,9 @@ class SimEndpoint:
     # (another model's tokenizer; one redeployed with another): see tokenizer.Tokenizer.
     token_skew: float = 0.0
     token_skew_drift: float = 0.0
+    # batch_mix: the requests in flight at which answers start to mix, and how they mix.
+    batch_mix_at: int = DEFAULT_BATCH_MIX_AT
+    batch_mix_how: BatchMixHow = "swap"
 
     def __post_init__(self) -> None:
         if not _NAME_RE.fullmatch(self.name):
@@ -114,6 +125,10 @@ class SimEndpoint:
             raise ValueError(f"endpoint {self.name}: token_skew must be within ±{MAX_SKEW}")
         if self.prefill_tokens_per_second < 0 or self.ttfb_delay < 0:
             raise ValueError(f"endpoint {self.name}: latencies must not be negative")
+        if self.batch_mix_at < 2:
+            raise ValueError(f"endpoint {self.name}: batch_mix_at must be at least 2")
+        if self.batch_mix_how not in ("swap", "mix"):
+            raise ValueError(f"endpoint {self.name}: batch_mix_how must be 'swap' or 'mix'")
         object.__setattr__(self, "tenant_keys", tuple(self.tenant_keys))
         if any(not key for key in self.tenant_keys):
             raise ValueError(f"endpoint {self.name}: tenant keys must not be empty")

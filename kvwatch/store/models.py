@@ -150,7 +150,9 @@ class Probe(Base):
         Id, ForeignKey("probes.id", ondelete="SET NULL")
     )
     # One entry per marker when the prompt carried one per depth (migration 0008): depth,
-    # marker as issued, outcome (null until judged). NULL for a single-marker probe.
+    # marker as issued, outcome (null until judged). NULL for a single-marker probe. A burst
+    # probe carries one marker per request instead: one entry per request, keyed "request"
+    # (kvwatch.store.records.burst_to_json).
     depth_outcomes: Mapped[list[dict[str, Any]] | None] = mapped_column(json_type())
     # The trace id (32 hex digits) every request of the probe carried (migration 0010), to
     # find the engine's spans; NULL with tracing off and for probes from before it.

@@ -42,6 +42,8 @@ from kvwatch.store.records import (
     NewProbe,
     ProbeOutcome,
     ProbeRow,
+    burst_from_json,
+    burst_to_json,
     depths_from_json,
     depths_to_json,
     foreign_marker_from_json,
@@ -351,6 +353,7 @@ def probe_row(row: Probe) -> ProbeRow:
         trigger_probe_id=row.trigger_probe_id,
         depths=depths_from_json(row.depth_outcomes),
         trace_id=row.trace_id,
+        burst=burst_from_json(row.depth_outcomes),
     )
 
 
@@ -387,6 +390,7 @@ def _add_probe(session: Session, p: NewProbe, *, state: ProbeState, **values: An
     # A capacity check sends no prompt and issues no marker; a several-depth probe issues
     # one per depth, each traced back to it if it ever turns up in another answer.
     issued = [pl.marker for pl in p.placements] or ([p.marker] if p.marker else [])
+    issued += p.burst_markers
     if issued:
         session.execute(
             _INSERT_MARKER,
@@ -426,7 +430,9 @@ def _outcome_values(r: ProbeOutcome) -> dict[str, Any]:
         "marker_depth": r.marker_depth,
         "token_source": r.token_source,
         # Without an answer the planned markers (written at the start) stay as they are.
-        "depth_outcomes": depths_to_json(r.depths) if r.depths else None,
+        "depth_outcomes": (
+            burst_to_json(r.burst) if r.burst else depths_to_json(r.depths) if r.depths else None
+        ),
     }
 
 

@@ -12,7 +12,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kvwatch.canary.localise import classify
-from kvwatch.canary.model import DepthOutcome, DepthResult, ForeignMarker, Placement, ProbeState
+from kvwatch.canary.model import (
+    BurstOutcome,
+    BurstRequest,
+    DepthOutcome,
+    DepthResult,
+    ForeignMarker,
+    Placement,
+    ProbeState,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,6 +49,9 @@ class NewProbe:
     # Every marker with its depth when the prompt carries one per depth (``marker`` is the
     # first); each is stored in ``markers`` too, so a leaked one names this probe.
     placements: Sequence[Placement] = ()
+    # A burst probe's markers besides ``marker`` (one per concurrent request), each stored
+    # in ``markers`` too before any request goes out.
+    burst_markers: Sequence[str] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +74,8 @@ class ProbeOutcome:
     duration_seconds: float | None = None
     # Per depth, when the prompt carried one marker per depth and an answer came back.
     depths: Sequence[DepthResult] = ()
+    # Per request of a burst probe (answers bounded by the caller).
+    burst: Sequence[BurstRequest] = ()
 
     # What planning settled. A scheduled probe's row is begun before it is planned (its slot
     # claim and its start are one transaction, and a replica that loses the claim must not
@@ -125,6 +138,7 @@ class ProbeRow:
     trigger_probe_id: int | None = None  # a bisect probe's trigger (the failing probe)
     depths: tuple[DepthEvidence, ...] = ()  # empty for a single-marker probe
     trace_id: str | None = None  # the trace its requests carried; None: off, or older rows
+    burst: tuple[BurstRequest, ...] = ()  # per request of a burst probe, once judged
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -225,7 +239,60 @@ def depths_from_json(data: list[dict[str, Any]] | None) -> tuple[DepthEvidence, 
             outcome=None if d.get("outcome") is None else str(d["outcome"]),
         )
         for d in data or ()
+        if "depth" in d  # a burst's entries are per request (burst_from_json)
     )
+
+
+def burst_to_json(requests: Sequence[BurstRequest]) -> list[dict[str, Any]]:
+    """A burst's requests as stored (in the probe's per-marker evidence, ``depth_outcomes``:
+    a burst carries one marker per request as a several-depth probe does per depth)."""
+    return [
+        {
+            "request": r.index,
+            "size": r.size,
+            "marker": r.marker,
+            "expected": r.expected,
+            "outcome": r.outcome.value,
+            "status": r.status,
+            "marker_found": r.marker_found,
+            "answered": r.answered,
+            "siblings": list(r.siblings),
+            "foreign": list(r.foreign),
+            "prompt_tokens": r.prompt_tokens,
+            "completion_tokens": r.completion_tokens,
+            "detail": r.detail,
+            "answer": r.answer,
+        }
+        for r in requests
+    ]
+
+
+def burst_from_json(data: list[dict[str, Any]] | None) -> tuple[BurstRequest, ...]:
+    """A burst's stored requests; empty for any other probe (or one never judged)."""
+    entries = [d for d in data or () if "request" in d]
+    return tuple(
+        BurstRequest(
+            index=int(d["request"]),
+            size=int(d["size"]),
+            marker=str(d["marker"]),
+            expected=str(d["expected"]),
+            outcome=BurstOutcome(d["outcome"]),
+            status=_int_or_none(d.get("status")),
+            marker_found=bool(d.get("marker_found")),
+            answered=None if d.get("answered") is None else str(d["answered"]),
+            siblings=tuple(int(i) for i in d.get("siblings") or ()),
+            foreign=tuple(int(i) for i in d.get("foreign") or ()),
+            prompt_tokens=_int_or_none(d.get("prompt_tokens")),
+            completion_tokens=_int_or_none(d.get("completion_tokens")),
+            detail=None if d.get("detail") is None else str(d["detail"]),
+            answer=None if d.get("answer") is None else str(d["answer"]),
+        )
+        for d in entries
+    )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def lost_part(depths: Sequence[DepthEvidence]) -> str | None:

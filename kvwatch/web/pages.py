@@ -236,6 +236,7 @@ def _probe_pages(
             p=row,
             excerpt=settings.excerpt(row.answer_excerpt),
             withheld=row.answer_excerpt is not None and not settings.answer_excerpts,
+            burst_answers=[settings.excerpt(b.answer) for b in row.burst],
             confirmations=queries.confirmations_of(row.id),
         )
 

@@ -11,6 +11,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvwatch.canary.model import BurstRequest as BurstEvidence
 from kvwatch.canary.model import ProbeKind
 from kvwatch.store.queries import EndpointOverview, ProbeBrief, Summary
 from kvwatch.store.records import (
@@ -131,6 +132,30 @@ class DepthMarker(_Model):
     )
 
 
+class BurstRequest(_Model):
+    request: int = Field(description="0: the solo request; 1..N: the burst's members.")
+    size: int = Field(description="Requests sent at once with it (1: the solo request).")
+    marker: str = Field(description="The request's own marker, as issued.")
+    expected: str = Field(description="The task's answer: the word it was asked to give back.")
+    answered: str | None = Field(
+        description="The last of the task's words the answer gave; null: none."
+    )
+    marker_found: bool = Field(description="The answer gave back the request's own marker.")
+    outcome: str = Field(
+        description="right | wrong | leak (another request of the burst's marker) | foreign "
+        "(another probe's marker) | failed (no usable answer)."
+    )
+    siblings: list[int] = Field(
+        description="The requests of the same cycle whose markers the answer held."
+    )
+    foreign_probe_ids: list[int] = Field(description="Other probes whose markers it held.")
+    status: int | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    detail: str | None = Field(description="Why a failed request gave no answer.")
+    answer: str | None = Field(description="Bounded answer; null when withheld by configuration.")
+
+
 class Probe(_Model):
     id: int
     url: str
@@ -170,6 +195,10 @@ class Probe(_Model):
     lost: str | None = Field(
         description="Which part of the prompt the engine lost, from the depths: head | tail | "
         "middle | all | scattered | none; null for a single-marker or unjudged probe."
+    )
+    burst: list[BurstRequest] = Field(
+        default_factory=list,
+        description="A burst probe's requests, the solo one first; empty for other kinds.",
     )
     http_status: int | None
     finish_reason: str | None
@@ -357,6 +386,7 @@ def probe(settings: WebSettings, r: ProbeRow, confirmed_by: list[int]) -> Probe:
         ],
         depths=[DepthMarker(depth=d.depth, marker=d.marker, outcome=d.outcome) for d in r.depths],
         lost=lost_part(r.depths),
+        burst=[_burst_request(b, settings) for b in r.burst],
         http_status=r.http_status,
         finish_reason=r.finish_reason,
         streamed=r.streamed,
@@ -408,4 +438,23 @@ def summary(s: Summary) -> EndpointSummary:
         prompt_tokens=s.prompt_tokens,
         completion_tokens=s.completion_tokens,
         tokens_spent=s.prompt_tokens + s.completion_tokens,
+    )
+
+
+def _burst_request(b: BurstEvidence, settings: WebSettings) -> BurstRequest:
+    return BurstRequest(
+        request=b.index,
+        size=b.size,
+        marker=b.marker,
+        expected=b.expected,
+        answered=b.answered,
+        marker_found=b.marker_found,
+        outcome=b.outcome.value,
+        siblings=list(b.siblings),
+        foreign_probe_ids=list(b.foreign),
+        status=b.status,
+        prompt_tokens=b.prompt_tokens,
+        completion_tokens=b.completion_tokens,
+        detail=b.detail,
+        answer=settings.excerpt(b.answer),
     )

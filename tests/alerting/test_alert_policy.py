@@ -56,10 +56,10 @@ def test_the_runbook_url_is_anchored_on_the_lower_case_alert_name() -> None:
     [
         (
             {"overrides": {"KVWatchNope": {"fire_after": 2}}},
-            "alerts.KVWatchNope: unknown alert (known: KVWatchCanaryIneffective, "
-            "KVWatchCapacityMismatch, KVWatchContextNotHonored, KVWatchCrossRequestLeak, "
-            "KVWatchCrossTenantLeak, KVWatchLimitNotEnforced, KVWatchProbeFailing, "
-            "KVWatchWindowNotServed, KVWatchWrongRejection)",
+            "alerts.KVWatchNope: unknown alert (known: KVWatchBurstWrong, "
+            "KVWatchCanaryIneffective, KVWatchCapacityMismatch, KVWatchContextNotHonored, "
+            "KVWatchCrossRequestLeak, KVWatchCrossTenantLeak, KVWatchLimitNotEnforced, "
+            "KVWatchProbeFailing, KVWatchWindowNotServed, KVWatchWrongRejection)",
         ),
         (
             {"overrides": {PROBE_FAILING: {"for": "5m"}}},

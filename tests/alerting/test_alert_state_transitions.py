@@ -86,6 +86,15 @@ TABLE = [
     # A leak is proof regardless of recall ability; an error streak is not about recall.
     ([BASELINE_WEAK, LEAK, LEAK_CONFIRMED], CROSS_REQUEST_LEAK, "under", "firing"),
     ([BASELINE_WEAK] + [Step(V.ERROR)] * 3, PROBE_FAILING, "under", "firing"),
+    # A burst whose solo request cannot do its two-fact task is its own canary's problem:
+    # it warns (probe=burst) but never holds back the boundary alerts, as the baseline does.
+    ([Step(V.CANARY_INEFFECTIVE, probe="burst")] * 3, CANARY_INEFFECTIVE, "burst", "firing"),
+    (
+        [Step(V.CANARY_INEFFECTIVE, probe="burst"), MISSING, MISSING_CONFIRMED],
+        CONTEXT_NOT_HONORED,
+        "under",
+        "firing",
+    ),
     # An alert already firing is not taken back by a baseline that starts failing later.
     ([MISSING, MISSING_CONFIRMED, BASELINE_WEAK, MISSING], CONTEXT_NOT_HONORED, "under", "firing"),
 ]

@@ -46,3 +46,33 @@ def test_probe_exits_0_on_a_healthy_ollama_whose_over_prompt_is_cut(tmp_path: Pa
     # tokenizer: usage only estimates the plan, so the read count is bounded, not exact.
     assert ollama["reported_prompt_tokens"] <= 4096
     assert (vllm_exit, vllm["verdict"]) == (1, "over_accepted")
+
+
+def test_probe_kind_burst_gates_on_the_batch_path(tmp_path: Path) -> None:
+    """`kvwatch probe NAME --kind burst`: exit 0 on a healthy batch, 1 (burst_leak) on one
+    that swaps answers; `kvwatch show` then lists each request."""
+    with simulator_process(
+        "name=ok,window=4096",
+        "name=mixed,window=4096,fault=batch_mix,batch_mix_at=3",
+        log=tmp_path / "sim.log",
+    ) as sim:
+        outcomes = {}
+        for name in ("ok", "mixed"):
+            config = tmp_path / f"{name}.yaml"
+            config.write_text(
+                f"database: sqlite:///{tmp_path / 'kvwatch.db'}\nendpoints:\n"
+                f"  - {{name: {name}, url: '{sim}/{name}/v1', model: sim-1, context_window: 4096,"
+                " confirm: false, burst: {sizes: [3]}}\n"
+            )
+            result = CliRunner().invoke(
+                main,
+                ["probe", name, "--kind", "burst", "--output", "json", "--config", str(config)],
+            )
+            first = json.loads(result.stdout.splitlines()[0])
+            outcomes[name] = (result.exit_code, first["verdict"])
+        shown = CliRunner().invoke(main, ["show", str(first["probe_id"]), "--config", str(config)])
+    assert outcomes == {"ok": (0, "pass"), "mixed": (1, "burst_leak")}
+    # `kvwatch show` lists the requests: the solo one right, each member holding another's.
+    assert "  request solo" in shown.stdout and " RIGHT: animal " in shown.stdout
+    assert shown.stdout.count(" LEAK: animal ") == 3
+    assert "holds the marker of request 2" in shown.stdout

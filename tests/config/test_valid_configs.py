@@ -55,6 +55,7 @@ def test_it_loads_the_design_example_and_resolves_every_field() -> None:
             ProbeKind.CAPACITY: 30.0,
             ProbeKind.EDGE: 600.0,
             ProbeKind.BISECT: 600.0,
+            ProbeKind.BURST: 300.0,
             ProbeKind.BISECT: 600.0,
         },
         max_tokens=16,
@@ -110,6 +111,7 @@ def test_it_inherits_defaults_and_merges_timeouts_key_by_key() -> None:
         ProbeKind.CAPACITY: 30.0,
         ProbeKind.EDGE: 600.0,
         ProbeKind.BISECT: 600.0,
+        ProbeKind.BURST: 300.0,
     }
 
 
@@ -361,3 +363,17 @@ def test_probes_send_w3c_traceparent_unless_told_otherwise() -> None:
     assert (b3.format, b3.header) == ("b3", None)
     named = parse_config("trace: {header: X-Request-Trace}\n", env={}).trace
     assert (named.format, named.header) == ("w3c", "x-request-trace")
+
+
+def test_burst_settings_inherit_from_defaults_and_an_endpoint_overrides_them() -> None:
+    """burst: in defaults reaches every endpoint; an endpoint's own block replaces it."""
+    text = (
+        "defaults: {burst: {sizes: [5, 11], prompt_tokens: 256}}\n"
+        "endpoints:\n"
+        "  - {name: a, url: 'http://10.0.0.1:8000/v1', model: m, probes: [burst]}\n"
+        "  - {name: b, url: 'http://10.0.0.2:8000/v1', model: m, burst: {sizes: [3]}}\n"
+    )
+    first, second = parse_config(text, env={}).resolved_endpoints()
+    assert first.probes == (ProbeKind.BURST,)
+    assert (first.burst_sizes, first.burst_prompt_tokens) == ((5, 11), 256)
+    assert (second.burst_sizes, second.burst_prompt_tokens) == ((3,), 512)

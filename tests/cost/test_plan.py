@@ -110,3 +110,14 @@ async def test_the_over_probe_adds_no_prefilled_tokens(store):
             "kvwatch_canary_tokens_total", {"endpoint": "ep", "probe": "under", "type": "prompt"}
         )
         assert spent == 4096 - 32
+
+
+def test_a_burst_costs_its_solo_request_and_the_average_burst_every_cycle():
+    """sizes [3, 7, 9, 17] average 9 at once plus the solo request: 10 prompts of 512 tokens
+    a cycle, 288 cycles a day at 5m, each answer up to 48 tokens."""
+    text = ONE_M + "    probes: [burst]\n"
+    (cost,) = plan_costs(parse_config(text).resolved_endpoints())
+    assert cost.kind is ProbeKind.BURST
+    assert cost.prompt_tokens == 5120
+    assert cost.prefill_tokens_per_day == 5120 * 288
+    assert cost.completion_tokens_per_day == 10 * 48 * 288

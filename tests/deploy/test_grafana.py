@@ -165,3 +165,15 @@ def test_provisioning_loads_the_dashboard_from_where_compose_mounts_it() -> None
     )["datasources"]
     assert source["type"] == "prometheus"
     assert source["url"] == "http://prometheus:9090"
+
+
+def test_a_panel_shows_the_burst_probes_verdicts_and_names_its_alerts() -> None:
+    """The batch path has its own panel: burst probes by verdict, with both alerts named."""
+    (panel,) = [
+        p
+        for p in dashboard()["panels"]
+        if any('probe="burst"' in t.get("expr", "") for t in p.get("targets", []))
+    ]
+    assert "kvwatch_probes_total" in panel["targets"][0]["expr"]
+    assert "KVWatchBurstWrong" in panel["description"]
+    assert "KVWatchCrossRequestLeak" in panel["description"]

@@ -172,3 +172,28 @@ def test_forgetting_kinds_keeps_the_endpoint_info_series() -> None:
     assert registry.get_sample_value("kvwatch_probe_interval_seconds", LABELS) is None
     under = {"endpoint": "ol", "probe": "under"}
     assert registry.get_sample_value("kvwatch_probe_interval_seconds", under) == 60.0
+
+
+def test_forgetting_the_burst_kind_drops_its_series_of_every_burst_verdict() -> None:
+    """A burst probe dropped from `probes:` leaves no series: the burst verdicts included."""
+    registry = CollectorRegistry()
+    metrics = ProbeMetrics(registry)
+    metrics.register_endpoint("b", "m", "vllm", {"burst": 60.0, "under": 60.0})
+    for kind, verdict in (
+        ("burst", Verdict.BURST_LEAK),
+        ("burst", Verdict.BURST_WRONG),
+        ("under", Verdict.PASS),
+    ):
+        metrics.observe(
+            endpoint="b",
+            kind=kind,
+            verdict=verdict,
+            finished_at=AT,
+            duration=0.5,
+            planned=1024,
+            reported=1030,
+            completion=40,
+        )
+    metrics.forget_kinds("b", ["burst"])
+    probes = {labels.get("probe") for _, labels in _every_sample(registry) if labels.get("probe")}
+    assert probes == {"under"}

@@ -40,8 +40,11 @@ def binary_runs(binary: Path) -> bool:
 
 
 @contextmanager
-def llama_server(binary: Path, model: Path, *extra: str, log: Path) -> Iterator[str]:
-    """``llama-server`` on a free loopback port, window 2048, one slot, two threads.
+def llama_server(
+    binary: Path, model: Path, *extra: str, log: Path, slots: int = 1
+) -> Iterator[str]:
+    """``llama-server`` on a free loopback port, window 2048 per slot, ``slots`` slots (one by
+    default), two threads.
 
     Yields its base URL once ``/health`` answers 200; terminates it (then kills) on exit.
     """
@@ -54,10 +57,11 @@ def llama_server(binary: Path, model: Path, *extra: str, log: Path) -> Iterator[
         "127.0.0.1",
         "--port",
         str(port),
+        # llama-server splits --ctx-size among its slots: each slot's window stays WINDOW.
         "--ctx-size",
-        str(WINDOW),
+        str(WINDOW * slots),
         "--parallel",
-        "1",
+        str(slots),
         "--threads",
         "2",
         "--threads-batch",

@@ -30,7 +30,7 @@ UNDER, OVER, BASE = ProbeKind.UNDER, ProbeKind.OVER, ProbeKind.BASELINE
 WINDOW, POOL = 4096, 3072
 
 
-def proxied(name: str, fault: FaultMode, **extra: str) -> SimEndpoint:
+def proxied(name: str, fault: FaultMode, **extra: str | int) -> SimEndpoint:
     return SimEndpoint(name, window=WINDOW, kv_pool=POOL, fault=fault, flavour="llamacpp", **extra)
 
 
@@ -43,6 +43,7 @@ PROXIED = [
     proxied("over-ok", FaultMode.ACCEPT_OVER_LIMIT),
     proxied("frame", FaultMode.STREAM_ERROR_FRAME),
     proxied("status", FaultMode.WRONG_STATUS),
+    proxied("batch", FaultMode.BATCH_MIX, batch_mix_at=3),
 ]
 
 
@@ -79,6 +80,8 @@ CASES = [
     ("over-ok", OVER, Verdict.OVER_ACCEPTED),
     ("frame", UNDER, Verdict.STREAM_ERROR),
     ("status", OVER, Verdict.WRONG_REJECTION),
+    ("healthy", ProbeKind.BURST, Verdict.PASS),
+    ("batch", ProbeKind.BURST, Verdict.BURST_LEAK),
 ]
 
 
@@ -230,3 +233,22 @@ async def test_serve_with_a_proxy_url_forwards_each_endpoint_to_the_engine() -> 
         await task
     assert props.status_code == 200
     assert props.json()["default_generation_settings"]["n_ctx"] == 2048
+
+
+async def test_batch_mix_answers_each_burst_request_from_the_next_ones_prompt(rig: Rig) -> None:
+    """Three at once through batch_mix: each answer is the upstream's answer to the next
+    request's prompt, so each holds the next request's marker; the solo request is left
+    alone."""
+    report = await rig.runner.run(rig.targets["batch"], ProbeKind.BURST)
+    row = get_probe(rig.runner.store, report.probe_id)
+    assert row is not None
+    assert [r.siblings for r in row.burst] == [(), (2,), (3,), (1,)]
+    assert rig.proxy.stats()["batch"]["injected"] == 3
+
+
+async def test_batch_mix_that_mixes_one_answer_into_another_is_refused_in_proxy_mode() -> None:
+    """mix has no real-model equivalent: the proxy refuses it at start, naming swap."""
+    endpoint = SimEndpoint("x", fault=FaultMode.BATCH_MIX, batch_mix_how="mix")
+    with pytest.raises(ValueError, match="batch_mix_how mix is not available in proxy mode"):
+        async with run_proxy("http://127.0.0.1:9", [endpoint]):
+            pass

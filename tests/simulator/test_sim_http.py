@@ -294,6 +294,7 @@ async def test_stats_count_prefilled_tokens_and_rejections_separately(start: Sta
         "prefilled_tokens": 1000,
         "rejected": 1,
         "tokenize_calls": 1,
+        "peak_in_flight": 1,
         "fault": "healthy",
     }
     assert stats["b"]["requests"] == 0

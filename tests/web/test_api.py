@@ -50,6 +50,7 @@ def _leaked_probe(ids: dict[str, int], **overrides: Any) -> dict[str, Any]:
         ],
         "depths": [],
         "lost": None,
+        "burst": [],
         "http_status": 200,
         "finish_reason": "stop",
         "streamed": True,

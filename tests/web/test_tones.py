@@ -24,6 +24,8 @@ EXPECTED = {
     "auth_error": "error",
     "throttled": "muted",
     "sizing_miss": "muted",
+    "burst_leak": "critical",
+    "burst_wrong": "critical",
 }
 
 

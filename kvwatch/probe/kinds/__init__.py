@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from kvwatch.canary.model import ProbeKind
 from kvwatch.probe.job import Prober
-from kvwatch.probe.kinds import bisect, boundary, capacity, edge
+from kvwatch.probe.kinds import bisect, boundary, burst, capacity, edge
 
 PROBERS: Mapping[ProbeKind, Prober] = {
     ProbeKind.UNDER: boundary.PROBER,
@@ -18,4 +18,5 @@ PROBERS: Mapping[ProbeKind, Prober] = {
     ProbeKind.CAPACITY: capacity.PROBER,
     ProbeKind.EDGE: edge.PROBER,
     ProbeKind.BISECT: bisect.PROBER,
+    ProbeKind.BURST: burst.PROBER,
 }
