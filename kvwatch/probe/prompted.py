@@ -88,16 +88,7 @@ class PromptProber:
             )
             exchange, judgement = await self._send(job, plan, io)
         except asyncio.CancelledError:
-            if probe_id is not None:
-                with contextlib.suppress(StoreError):
-                    await asyncio.shield(
-                        asyncio.to_thread(
-                            io.store.interrupt_running,
-                            probe_ids=[probe_id],
-                            reason="kvwatch stopped before the probe finished",
-                        )
-                    )
-            io.metrics.interrupted.inc()
+            await mark_interrupted(io, probe_id)
             raise
         return Attempt(new, probe_id, plan, exchange, judgement)
 
@@ -178,3 +169,18 @@ async def with_foreign(scan: AnswerScan, io: Probing) -> AnswerScan:
         log.warning("database_unavailable", during="lookup_markers", error=str(exc))
         return scan
     return scan.resolved(issued)
+
+
+async def mark_interrupted(io: Probing, probe_id: int | None) -> None:
+    """A probe cancelled mid-flight (kvwatch stopping): its running row says so, shielded so
+    that the cancellation does not cut the write short, and the interrupted counter counts it."""
+    if probe_id is not None:
+        with contextlib.suppress(StoreError):
+            await asyncio.shield(
+                asyncio.to_thread(
+                    io.store.interrupt_running,
+                    probe_ids=[probe_id],
+                    reason="kvwatch stopped before the probe finished",
+                )
+            )
+    io.metrics.interrupted.inc()

@@ -11,7 +11,6 @@ evidence per request.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import random
 import secrets
@@ -43,10 +42,9 @@ from kvwatch.canary.model import (
 from kvwatch.canary.scan import scan_answer
 from kvwatch.engines.base import Engine
 from kvwatch.probe.job import ProbeJob, Probing
-from kvwatch.probe.prompted import with_foreign
+from kvwatch.probe.prompted import mark_interrupted, with_foreign
 from kvwatch.probe.result import Attempt
 from kvwatch.probe.window import WindowUnknown, window_of
-from kvwatch.store.errors import StoreError
 
 # The prompt is sized by its filler words, about one token each, not by a tokenizer: a
 # burst tests the batch, not the window, and the engine's own count is stored.
@@ -87,16 +85,7 @@ async def probe(job: ProbeJob, io: Probing) -> Attempt:
     try:
         exchange, judgement = await _cycle(job, io, tasks, prompts)
     except asyncio.CancelledError:
-        if probe_id is not None:
-            with contextlib.suppress(StoreError):
-                await asyncio.shield(
-                    asyncio.to_thread(
-                        io.store.interrupt_running,
-                        probe_ids=[probe_id],
-                        reason="kvwatch stopped before the probe finished",
-                    )
-                )
-        io.metrics.interrupted.inc()
+        await mark_interrupted(io, probe_id)
         raise
     return Attempt(new, probe_id, plan, exchange, judgement)
 
