@@ -46,12 +46,12 @@ def rule_for(flavour: str) -> AcceptanceRule:
 def plan_costs(specs: list[EndpointSpec]) -> list[ProbeCost]:
     costs = []
     for spec in specs:
-        per_day = DAY / spec.interval_seconds
         for kind in spec.probes:
+            per_day = DAY / spec.interval_for(kind)
             if kind is ProbeKind.CAPACITY:
                 # Asks the engine about itself: no prompt, no answer. (Its edge probe runs
                 # only when it finds a KV pool smaller than the window: an incident.)
-                costs.append(ProbeCost(spec.name, kind, spec.interval_seconds, 0, per_day, 0, 0))
+                costs.append(ProbeCost(spec.name, kind, spec.interval_for(kind), 0, per_day, 0, 0))
                 continue
             if kind is ProbeKind.BURST:
                 costs.append(_burst_cost(spec, per_day))
@@ -76,7 +76,7 @@ def plan_costs(specs: list[EndpointSpec]) -> list[ProbeCost]:
                 ProbeCost(
                     endpoint=spec.name,
                     kind=kind,
-                    interval_seconds=spec.interval_seconds,
+                    interval_seconds=spec.interval_for(kind),
                     prompt_tokens=tokens,
                     probes_per_day=per_day,
                     prefill_tokens_per_day=None if prefilled is None else prefilled * per_day,
@@ -94,7 +94,7 @@ def _burst_cost(spec: EndpointSpec, per_day: float) -> ProbeCost:
     return ProbeCost(
         endpoint=spec.name,
         kind=ProbeKind.BURST,
-        interval_seconds=spec.interval_seconds,
+        interval_seconds=spec.interval_for(ProbeKind.BURST),
         prompt_tokens=tokens,
         probes_per_day=per_day,
         prefill_tokens_per_day=tokens * per_day,

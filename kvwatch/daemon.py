@@ -217,7 +217,7 @@ def build_targets(
             spec.name,
             spec.model,
             spec.flavour,
-            {kind.value: spec.interval_seconds for kind in spec.probes},
+            {kind.value: spec.interval_for(kind) for kind in spec.probes},
         )
         targets.append(
             Target(

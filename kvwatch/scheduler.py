@@ -15,11 +15,13 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 
 import structlog
-from apscheduler.events import EVENT_JOB_SUBMITTED, JobSubmissionEvent
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_SUBMITTED, JobSubmissionEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.schedulers.base import STATE_RUNNING
 from apscheduler.triggers.interval import IntervalTrigger
 
 from kvwatch.canary.model import ProbeKind
+from kvwatch.phase import next_slot_start, phase_ms, slot_for, slot_start
 from kvwatch.probe.chain import claim_ttl
 from kvwatch.probe.model import Target
 from kvwatch.probe.runner import ProbeRunner
@@ -33,8 +35,9 @@ def job_id(endpoint: str, kind: ProbeKind) -> str:
     return f"{endpoint}:{kind.value}"
 
 
-# Runs fire on multiples of the interval since the epoch (plus jitter), so every replica
-# computes the same slot for the same run and the database claim lets one of them run it.
+# Runs fire on multiples of the interval since the epoch plus the job's phase (kvwatch.phase),
+# plus jitter, so every replica computes the same slot for the same run and the database
+# claim lets one of them run it.
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -50,13 +53,9 @@ MAX_CONCURRENT_PROBES = 100
 FIRST_RUNS_PER_SECOND = 10.0
 
 
-def slot_for(when: float, interval: float) -> int:
-    """The slot (start, in epoch seconds) that a run at ``when`` belongs to."""
-    return int(when // interval * interval)
-
-
 class SlotTrigger(IntervalTrigger):  # type: ignore[misc]
-    """Fires once per slot, at the slot's start plus a fresh jitter.
+    """Fires once per slot, at the slot's due time (its start plus the job's phase) plus a
+    fresh jitter.
 
     APScheduler's own jitter is added to the previous *jittered* fire time, so it accumulates:
     runs came every interval + jitter/2 on average (a 60 s interval with 59 s jitter ran every
@@ -64,14 +63,25 @@ class SlotTrigger(IntervalTrigger):  # type: ignore[misc]
     interval, as the slot claims expect. Jitter must stay below the interval (config checks).
     """
 
+    def __init__(self, *, seconds: float, phase: int = 0, **kwargs: object) -> None:
+        self.phase = phase
+        super().__init__(
+            seconds=seconds, start_date=EPOCH + timedelta(milliseconds=phase), **kwargs
+        )
+
     def get_next_fire_time(
         self, previous_fire_time: datetime | None, now: datetime
     ) -> datetime | None:
+        # Whole milliseconds (kvwatch.phase), not APScheduler's float sums: a fire time a
+        # microsecond short of its slot's due time would name the slot before it.
         if previous_fire_time is not None:
-            slot = slot_for(previous_fire_time.timestamp(), self.interval_length)
-            previous_fire_time = datetime.fromtimestamp(slot, tz=UTC)
-        fire: datetime | None = super().get_next_fire_time(previous_fire_time, now)
-        return fire
+            slot = slot_for(previous_fire_time.timestamp(), self.interval_length, self.phase)
+            due = slot_start(slot, self.interval_length, self.phase) + self.interval_length
+        else:
+            due = next_slot_start(now.timestamp(), self.interval_length, self.phase)
+        if self.jitter:
+            due += random.uniform(0, self.jitter)
+        return datetime.fromtimestamp(due, tz=UTC)
 
 
 class ProbeScheduler:
@@ -106,11 +116,21 @@ class ProbeScheduler:
         # When each submitted run was due: APScheduler knows but does not pass it to the job.
         # The listener runs before the job's task does, so the job finds its own entry.
         self._due: dict[str, datetime] = {}
+        # A run APScheduler refused because the job's previous run still goes on (a probe
+        # that outlasts its interval, or waits for its endpoint's other probes): its due time,
+        # run once the previous run ends, so that slot is not silently lost.
+        self._deferred: dict[str, datetime] = {}
         self._scheduler.add_listener(self._submitted, EVENT_JOB_SUBMITTED)
+        self._scheduler.add_listener(self._refused, EVENT_JOB_MAX_INSTANCES)
 
     def _submitted(self, event: JobSubmissionEvent) -> None:
         if event.scheduled_run_times:
             self._due[event.job_id] = max(event.scheduled_run_times)
+
+    def _refused(self, event: JobSubmissionEvent) -> None:
+        if event.scheduled_run_times:
+            self._deferred[event.job_id] = max(event.scheduled_run_times)
+            log.info("run_deferred", job=event.job_id)
 
     def start(self, targets: Iterable[Target]) -> None:
         targets = list(targets)
@@ -124,25 +144,27 @@ class ProbeScheduler:
         spec = target.spec
         self._targets[spec.name] = target
         for kind in spec.probes:
+            interval = spec.interval_for(kind)
+            phase = phase_ms(spec.name, kind.value, interval)
             # Spread first runs over a few seconds: results show up quickly after a start
             # without every endpoint's canary landing in the same instant (a large fleet's
             # over up to one interval, see FIRST_RUNS_PER_SECOND).
-            spread = min(self._first_spread, max(self._first_run_within, spec.interval_seconds))
+            spread = min(self._first_spread, max(self._first_run_within, interval))
             now = self._clock()
             first = now + timedelta(seconds=self._rng.uniform(0, spread))
             trigger = SlotTrigger(
-                seconds=spec.interval_seconds,
-                start_date=EPOCH,
-                jitter=spec.jitter_seconds or None,
+                seconds=interval,
+                phase=phase,
+                jitter=spec.jitter_for(kind) or None,
                 timezone=UTC,
             )
             if spread > self._first_run_within and slot_for(
-                first.timestamp(), spec.interval_seconds
-            ) > slot_for(now.timestamp(), spec.interval_seconds):
+                first.timestamp(), interval, phase
+            ) > slot_for(now.timestamp(), interval, phase):
                 # A large fleet's first runs drawn past the current slot would crowd into
                 # the start of the next one beside its regular runs (a fleet restarted at
                 # full rate ran 1.7x that rate for the rest of the slot, and lag piled up
-                # for a minute); that slot's own jittered run comes soon enough.
+                # for a minute); that slot's own phased run comes soon enough.
                 first = trigger.get_next_fire_time(now, now) or first
             self._scheduler.add_job(
                 self._run,
@@ -152,10 +174,16 @@ class ProbeScheduler:
                 name=job_id(spec.name, kind),
                 max_instances=1,
                 coalesce=True,
-                misfire_grace_time=max(1, int(spec.interval_seconds)),
+                misfire_grace_time=max(1, int(interval)),
                 next_run_time=first,
                 replace_existing=True,
             )
+
+    def slot_at(self, target: Target, kind: ProbeKind, when: datetime) -> int:
+        """The slot of ``kind`` of ``target`` that a run at ``when`` belongs to."""
+        interval = target.spec.interval_for(kind)
+        phase = phase_ms(target.spec.name, kind.value, interval)
+        return slot_for(when.timestamp(), interval, phase)
 
     def remove(self, endpoint: str, kinds: Iterable[ProbeKind]) -> None:
         """Unschedule ``kinds`` of ``endpoint``, forgetting what was kept for their jobs
@@ -170,6 +198,7 @@ class ProbeScheduler:
         for kind in kinds:
             # A run submitted but not started when its job goes would leave its due time.
             self._due.pop(job_id(endpoint, kind), None)
+            self._deferred.pop(job_id(endpoint, kind), None)
             if self._scheduler.get_job(job_id(endpoint, kind)):
                 self._scheduler.remove_job(job_id(endpoint, kind))
 
@@ -183,6 +212,7 @@ class ProbeScheduler:
             "scheduler_targets": len(self._targets),
             "scheduler_jobs": len(self._scheduler.get_jobs()),
             "scheduler_due": len(self._due),
+            "scheduler_deferred": len(self._deferred),
             "scheduler_endpoint_gates": len(self._endpoint_gates),
             "scheduler_running": len(self._running),
         }
@@ -199,7 +229,9 @@ class ProbeScheduler:
             # Old enough for a claim to have expired (the longest claim any of its kinds
             # takes), plus two intervals and two sweeps of slack.
             horizon = max(
-                claim_ttl(max(t.spec.timeouts.values())) + 2 * t.spec.interval_seconds + 2 * every
+                claim_ttl(max(t.spec.timeouts.values()))
+                + 2 * max(map(t.spec.interval_for, t.spec.probes))
+                + 2 * every
                 for t in self._targets.values()
             )
             try:
@@ -266,7 +298,7 @@ class ProbeScheduler:
             # The slot of the run that was due, not of the moment it started: a run started
             # late under load still claims its own slot, as every other replica computes it.
             when = scheduled or self._clock()
-            slot = slot_for(when.timestamp(), target.spec.interval_seconds)
+            slot = self.slot_at(target, kind, when)
         endpoint_gate = self._endpoint_gates.setdefault(target.spec.name, asyncio.Semaphore(1))
         try:
             async with endpoint_gate, self._gate:
@@ -277,12 +309,25 @@ class ProbeScheduler:
             # A bug must not kill the job: the next interval tries again, and the log says why.
             log.exception("probe_crashed", endpoint=target.spec.name, kind=kind.value)
         finally:
+            if scheduled is not None:
+                self._run_deferred(target, kind)
             running.discard(task)
             if not running:
                 self._running.pop(target.spec.name, None)
                 # A run that started after its endpoint was removed made a gate again.
                 if target.spec.name not in self._targets:
                     self._endpoint_gates.pop(target.spec.name, None)
+
+    def _run_deferred(self, target: Target, kind: ProbeKind) -> None:
+        due = self._deferred.pop(job_id(target.spec.name, kind), None)
+        if due is None or kind not in self.kinds(target.spec.name):
+            return
+        if self._scheduler.state != STATE_RUNNING:  # paused for shutdown
+            return
+        slot = self.slot_at(target, kind, due)
+        asyncio.get_running_loop().create_task(
+            self._run(target, kind, slot), name=f"deferred:{job_id(target.spec.name, kind)}"
+        )
 
     async def shutdown(self, grace: float) -> None:
         """Stop scheduling, give in-flight probes ``grace`` seconds, then interrupt them."""

@@ -15,7 +15,7 @@ from kvwatch.config.durations import format_duration
 from kvwatch.config.expand import KeyPath
 from kvwatch.config.model import Config
 from kvwatch.config.resolve import EndpointSpec, resolve_settings
-from kvwatch.config.sections import Defaults, EndpointSettings
+from kvwatch.config.sections import Defaults, EndpointSettings, Intervals
 
 Problem = tuple[KeyPath, str]
 
@@ -60,6 +60,10 @@ def _defaults_problems(defaults: Defaults) -> list[Problem]:
         problems.append(
             (("defaults", "jitter"), _jitter_sentence(defaults.jitter, defaults.interval))
         )
+    for kind, interval in _written(defaults.intervals):
+        jitter = defaults.jitter
+        if jitter is not None and jitter >= interval:
+            problems.append((("defaults", "intervals", kind), _interval_sentence(jitter, interval)))
     if _answer_too_short(defaults.max_tokens, len(defaults.marker_depths)):
         problems.append(
             (
@@ -94,7 +98,26 @@ def _reserved_labels(
     return problems
 
 
+def _written(intervals: Intervals | None) -> list[tuple[str, float]]:
+    if intervals is None:
+        return []
+    return [(kind, value) for kind, value in intervals.model_dump().items() if value is not None]
+
+
 def _timing_problems(
+    here: KeyPath, endpoint: EndpointSettings, spec: EndpointSpec
+) -> list[Problem]:
+    problems: list[Problem] = []
+    for kind, interval in _written(endpoint.intervals):
+        jitter = spec.jitter_for(ProbeKind(kind))
+        # Only a kind the endpoint probes runs on this interval; and a clash with a jitter
+        # only `defaults` wrote against an interval only `defaults` wrote is reported there.
+        if ProbeKind(kind) in spec.probes and jitter >= interval:
+            problems.append(((*here, "intervals", kind), _interval_sentence(jitter, interval)))
+    return problems + _shared_timing_problems(here, endpoint, spec)
+
+
+def _shared_timing_problems(
     here: KeyPath, endpoint: EndpointSettings, spec: EndpointSpec
 ) -> list[Problem]:
     # A clash that comes only from `defaults` is reported once, there, not per endpoint.
@@ -106,8 +129,7 @@ def _timing_problems(
         return [
             (
                 (*here, "interval"),
-                f"must be longer than the jitter {format_duration(spec.jitter_seconds)}"
-                f" (got {format_duration(spec.interval_seconds)})",
+                _interval_sentence(spec.jitter_seconds, spec.interval_seconds),
             )
         ]
     return []
@@ -150,6 +172,13 @@ def _room_sentence(max_tokens: int, depths: Sequence[float]) -> str:
     return (
         f"max_tokens {max_tokens} leaves no room to answer the {len(depths)} codes of "
         f"marker_depths; use at least {ANSWER_TOKENS_PER_CODE * len(depths)}"
+    )
+
+
+def _interval_sentence(jitter: float, interval: float) -> str:
+    return (
+        f"must be longer than the jitter {format_duration(jitter)}"
+        f" (got {format_duration(interval)})"
     )
 
 

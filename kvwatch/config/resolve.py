@@ -15,7 +15,7 @@ from pydantic import SecretStr
 
 from kvwatch.canary.burst import DEFAULT_PROMPT_TOKENS, DEFAULT_SIZES
 from kvwatch.canary.model import ProbeKind
-from kvwatch.config.sections import Defaults, Endpoint, EndpointSettings
+from kvwatch.config.sections import Defaults, Endpoint, EndpointSettings, Intervals
 
 T = TypeVar("T")
 
@@ -24,6 +24,12 @@ T = TypeVar("T")
 # default the user never saw.
 DEFAULT_JITTER_SECONDS = 30.0
 DEFAULT_JITTER_FRACTION = 0.1
+
+
+# The self-report check asks the engine about itself (no prompt, no GPU time), so it runs
+# often enough to see a redeploy within a minute; an endpoint probed more often than that
+# keeps its shorter interval.
+CAPACITY_INTERVAL_SECONDS = 60.0
 
 
 def default_jitter(interval_seconds: float) -> float:
@@ -74,6 +80,24 @@ class EndpointSpec:
     # The burst probe: requests at once, cycle after cycle in turn, and each one's prompt.
     burst_sizes: tuple[int, ...] = DEFAULT_SIZES
     burst_prompt_tokens: int = DEFAULT_PROMPT_TOKENS
+    # Per-kind intervals and jitters; a kind missing here uses interval_seconds/jitter_seconds.
+    intervals: Mapping[ProbeKind, float] = field(default_factory=lambda: MappingProxyType({}))
+    jitters: Mapping[ProbeKind, float] = field(default_factory=lambda: MappingProxyType({}))
+    # Kinds whose interval the user wrote in ``intervals`` (a budget never stretches them).
+    explicit_intervals: frozenset[ProbeKind] = frozenset()
+    budget_tokens_per_day: int | None = None
+    on_change: bool = True
+    on_change_min_gap_seconds: float = 600.0
+
+    def interval_for(self, kind: ProbeKind) -> float:
+        """Seconds between scheduled runs of ``kind`` (an edge probe goes with the capacity
+        check that starts it)."""
+        if kind is ProbeKind.EDGE:
+            kind = ProbeKind.CAPACITY
+        return self.intervals.get(kind, self.interval_seconds)
+
+    def jitter_for(self, kind: ProbeKind) -> float:
+        return self.jitters.get(kind, self.jitter_seconds)
 
     @property
     def default_tenant(self) -> TenantSpec | None:
@@ -105,7 +129,10 @@ def resolve_settings(
     }
     interval = _pick(endpoint.interval, defaults.interval)
     jitter = endpoint.jitter if endpoint.jitter is not None else defaults.jitter
+    probes = tuple(ProbeKind(kind) for kind in endpoint.probes)
+    intervals, explicit = kind_intervals(endpoint, defaults, interval, probes)
     burst = _pick(endpoint.burst, defaults.burst)
+    budget = _pick(endpoint.budget, defaults.budget)
     api_key = endpoint.api_key
     if endpoint.api_key_file is not None:
         api_key = endpoint.api_key_file.value
@@ -118,9 +145,17 @@ def resolve_settings(
         kv_pool_tokens=endpoint.kv_pool_tokens,
         api_key=api_key,
         tokenizer=endpoint.tokenizer,
-        probes=tuple(ProbeKind(kind) for kind in endpoint.probes),
+        probes=probes,
         interval_seconds=interval,
         jitter_seconds=default_jitter(interval) if jitter is None else jitter,
+        intervals=MappingProxyType(intervals),
+        jitters=MappingProxyType(
+            {k: kind_jitter(k, v, jitter, k in explicit) for k, v in intervals.items()}
+        ),
+        explicit_intervals=explicit,
+        budget_tokens_per_day=budget.tokens_per_day if budget is not None else None,
+        on_change=_pick(endpoint.on_change, defaults.on_change),
+        on_change_min_gap_seconds=_pick(endpoint.on_change_min_gap, defaults.on_change_min_gap),
         # Read-only views, so a shared spec cannot be changed under another task's feet.
         timeouts=MappingProxyType(timeouts),
         max_tokens=_pick(endpoint.max_tokens, defaults.max_tokens),
@@ -145,6 +180,47 @@ def resolve_settings(
             for tenant in endpoint.tenants or ()
         ),
     )
+
+
+def kind_intervals(
+    endpoint: EndpointSettings,
+    defaults: Defaults,
+    interval: float,
+    probes: tuple[ProbeKind, ...],
+) -> tuple[dict[ProbeKind, float], frozenset[ProbeKind]]:
+    """Each scheduled kind's interval, and the kinds whose interval was written per kind.
+
+    The more specific scope wins: the endpoint's ``intervals``, then its ``interval``, then
+    ``defaults.intervals``, then ``defaults.interval``. The capacity check is the exception:
+    ``interval`` (the canaries' pace) does not slow it; it runs every minute unless a per-kind
+    interval says otherwise, or the canaries run more often still.
+    """
+    own = endpoint.intervals or Intervals()
+    chosen: dict[ProbeKind, float] = {}
+    explicit: set[ProbeKind] = set()
+    for kind in probes:
+        written = getattr(own, kind.value, None)
+        if written is None and (kind is ProbeKind.CAPACITY or endpoint.interval is None):
+            written = getattr(defaults.intervals, kind.value, None)
+        if written is not None:
+            chosen[kind] = written
+            explicit.add(kind)
+        elif kind is ProbeKind.CAPACITY:
+            chosen[kind] = min(CAPACITY_INTERVAL_SECONDS, interval)
+        else:
+            chosen[kind] = interval
+    return chosen, frozenset(explicit)
+
+
+def kind_jitter(kind: ProbeKind, interval: float, written: float | None, explicit: bool) -> float:
+    """The jitter of one kind: the written one, except where the capacity check runs at its
+    implicit one-minute pace, which a jitter written for 15-minute canaries must not exceed
+    (it stays at the default fraction of that minute)."""
+    if written is None:
+        return default_jitter(interval)
+    if kind is ProbeKind.CAPACITY and not explicit:
+        return min(written, default_jitter(interval))
+    return written
 
 
 def _required(value: T | None) -> T:

@@ -162,8 +162,33 @@ class Burst(_Strict):
         return tokens
 
 
+class Intervals(_Strict):
+    """Per-kind intervals (``intervals: {capacity: 1m, under: 1h}``): a kind left out runs
+    every ``interval``, except the self-report check, which is free and runs every minute
+    (kvwatch.config.resolve.CAPACITY_INTERVAL_SECONDS)."""
+
+    under: Duration | None = None
+    over: Duration | None = None
+    baseline: Duration | None = None
+    capacity: Duration | None = None
+    burst: Duration | None = None
+
+
+class Budget(_Strict):
+    """Prompt and answer tokens the canaries may spend on the endpoint per day
+    (kvwatch.canary.spend)."""
+
+    tokens_per_day: PositiveInt
+
+
 class Defaults(_Strict):
     interval: Duration = 900.0
+    intervals: Intervals = Intervals()
+    budget: Budget | None = None
+    # Run the boundary canaries at once when the engine's self-report changes (a redeploy),
+    # but not twice within the gap: a flapping engine must not burn the GPU.
+    on_change: Flag = True
+    on_change_min_gap: Duration = 600.0
     max_tokens: PositiveInt = 32
     baseline_tokens: PositiveInt = 1536
     stream: Flag = True
@@ -218,6 +243,10 @@ class EndpointSettings(_Strict):
     labels: dict[LabelName, str] = {}
     # Overrides of `defaults`; None means "inherit".
     interval: Duration | None = None
+    intervals: Intervals | None = None
+    budget: Budget | None = None
+    on_change: Flag | None = None
+    on_change_min_gap: Duration | None = None
     max_tokens: PositiveInt | None = None
     baseline_tokens: PositiveInt | None = None
     stream: Flag | None = None

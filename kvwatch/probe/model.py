@@ -85,7 +85,7 @@ class Target:
         if chosen is not None:
             return chosen
         if spec.tenants and kind in TENANT_KINDS and slot is not None:
-            return tenant_for_slot(spec.tenants, slot, spec.interval_seconds)
+            return tenant_for_slot(spec.tenants, slot, spec.interval_for(kind))
         return spec.default_tenant
 
 

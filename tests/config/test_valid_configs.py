@@ -65,6 +65,8 @@ def test_it_loads_the_design_example_and_resolves_every_field() -> None:
         confirm=True,
         body_limit_bytes=4194304,
         labels={"team": "inference"},
+        intervals={ProbeKind.UNDER: 1800.0, ProbeKind.OVER: 1800.0, ProbeKind.BASELINE: 1800.0},
+        jitters={ProbeKind.UNDER: 30.0, ProbeKind.OVER: 30.0, ProbeKind.BASELINE: 30.0},
     )
 
 

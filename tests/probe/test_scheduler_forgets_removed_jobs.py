@@ -18,6 +18,8 @@ def target(name: str) -> SimpleNamespace:
         probes=(ProbeKind.UNDER, ProbeKind.OVER),
         interval_seconds=60.0,
         jitter_seconds=0.0,
+        interval_for=lambda kind: 60.0,
+        jitter_for=lambda kind: 0.0,
     )
     return SimpleNamespace(spec=spec)
 
@@ -44,6 +46,7 @@ async def test_a_removed_endpoint_leaves_no_job_due_time_or_gate() -> None:
         "scheduler_targets": 1,
         "scheduler_jobs": 2,
         "scheduler_due": 2,
+        "scheduler_deferred": 0,
         "scheduler_endpoint_gates": 1,
         "scheduler_running": 0,
     }

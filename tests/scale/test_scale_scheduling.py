@@ -14,7 +14,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from kvwatch.canary.model import ProbeKind
-from kvwatch.scheduler import EPOCH, ProbeScheduler, SlotTrigger, slot_for
+from kvwatch.phase import slot_for
+from kvwatch.scheduler import ProbeScheduler, SlotTrigger
 from kvwatch.simulator.command import parse_window_range
 from kvwatch.simulator.fleet import scale_fleet
 from kvwatch.simulator.server import run_simulator
@@ -97,15 +98,15 @@ async def test_no_more_probes_run_at_once_than_the_scheduler_allows(
 
 def test_a_jittered_schedule_runs_once_in_every_slot_without_drifting() -> None:
     """Jitter is drawn afresh in each slot: 200 runs land in 200 consecutive slots."""
-    trigger = SlotTrigger(seconds=60, start_date=EPOCH, jitter=59, timezone=UTC)
+    trigger = SlotTrigger(seconds=60, phase=17_345, jitter=59, timezone=UTC)
     now = datetime(2026, 1, 1, 12, 0, 30, tzinfo=UTC)
     fire = trigger.get_next_fire_time(None, now)
     assert fire is not None
-    first = slot_for(fire.timestamp(), 60)
+    first = slot_for(fire.timestamp(), 60, 17_345)
     for n in range(1, 200):
         fire = trigger.get_next_fire_time(fire, fire)
         assert fire is not None
-        assert slot_for(fire.timestamp(), 60) == first + 60 * n
+        assert slot_for(fire.timestamp(), 60, 17_345) == first + 60 * n
 
 
 async def test_idle_returns_once_the_endpoints_running_probe_has_ended(
@@ -144,6 +145,8 @@ async def test_a_large_fleet_started_early_in_a_slot_runs_the_next_slot_at_its_u
                 probes=[ProbeKind.BASELINE],
                 interval_seconds=interval,
                 jitter_seconds=interval - 1,
+                interval_for=lambda kind: interval,
+                jitter_for=lambda kind: interval - 1,
             )
         )
         for i in range(jobs)
@@ -154,14 +157,16 @@ async def test_a_large_fleet_started_early_in_a_slot_runs_the_next_slot_at_its_u
     try:
         next_slot: list[float] = []
         for job in scheduler._scheduler.get_jobs():
-            fire = job.next_run_time
-            if slot_for(fire.timestamp(), interval) == slot:  # a first run in this slot
+            fire, phase = job.next_run_time, job.trigger.phase
+            current = slot_for(now.timestamp(), interval, phase)
+            if slot_for(fire.timestamp(), interval, phase) == current:  # a first run in it
                 fire = job.trigger.get_next_fire_time(fire, fire)
+            assert slot_for(fire.timestamp(), interval, phase) == current + 60
             next_slot.append(fire.timestamp())
     finally:
         await scheduler.shutdown(0)
     assert len(next_slot) == jobs
-    assert {slot_for(t, interval) for t in next_slot} == {slot + 60}
-    per_ten_seconds = Counter(int((t - slot - 60) // 10) for t in next_slot)
-    # Even: 200 each (sd 13). The old first runs put 100 + 1000/6 = 370 in the first 10 s.
+    per_ten_seconds = Counter(int((t - now.timestamp()) // 10) for t in next_slot)
+    # Each job's next slot is due within a minute (its phase) plus up to 59 s of jitter: at
+    # most 200 in any 10 s (sd 13). The old first runs put 100 + 1000/6 = 370 in the first 10 s.
     assert max(per_ten_seconds.values()) < 260

@@ -130,7 +130,7 @@ def _turn(job: ProbeJob) -> int:
     confirmation re-checks the size that failed), else the endpoint's count of cycles."""
     spec, state = job.target.spec, job.target.state
     if job.slot is not None:
-        return int(job.slot // spec.interval_seconds)
+        return int(job.slot // spec.interval_for(ProbeKind.BURST))
     if job.confirms is None:
         state.burst_turns += 1
     return state.burst_turns - 1
