@@ -10,16 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvwatch.canary.burst import ANSWER_TOKENS, cycle_prompt_tokens
 from kvwatch.canary.model import ProbeKind
-from kvwatch.canary.sizing import AcceptanceRule, target_prompt_tokens
+from kvwatch.canary.spend import DAY, run_tokens
 from kvwatch.config import EndpointSpec
-
-DAY = 86_400.0
-
-# Engines whose admission check runs before prefill (see docs/engines.md and
-# docs/llamacpp-facts.md): an over-limit prompt is tokenized and refused, never prefilled.
-REJECT_AT_ADMISSION = frozenset({"openai", "vllm", "sglang", "llamacpp", "tgi", "anthropic"})
+from kvwatch.config.resolve import shape_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,70 +27,25 @@ class ProbeCost:
     completion_tokens_per_day: float
 
 
-def rule_for(flavour: str) -> AcceptanceRule:
-    # Mirrors the engine adapters' RULE (kvwatch.engines), which this pure module cannot
-    # import: llama.cpp refuses prompt >= n_ctx, Ollama cuts a prompt over its window.
-    if flavour == "llamacpp":
-        return AcceptanceRule.PROMPT_BELOW_WINDOW
-    if flavour == "ollama":
-        return AcceptanceRule.PROMPT_UP_TO_WINDOW
-    return AcceptanceRule.PROMPT_PLUS_MAX_TOKENS
-
-
 def plan_costs(specs: list[EndpointSpec]) -> list[ProbeCost]:
     costs = []
     for spec in specs:
+        shape = shape_of(spec)
         for kind in spec.probes:
-            per_day = DAY / spec.interval_for(kind)
-            if kind is ProbeKind.CAPACITY:
-                # Asks the engine about itself: no prompt, no answer. (Its edge probe runs
-                # only when it finds a KV pool smaller than the window: an incident.)
-                costs.append(ProbeCost(spec.name, kind, spec.interval_for(kind), 0, per_day, 0, 0))
-                continue
-            if kind is ProbeKind.BURST:
-                costs.append(_burst_cost(spec, per_day))
-                continue
-            tokens = None
-            if spec.context_window is not None:
-                tokens = target_prompt_tokens(
-                    kind,
-                    rule=rule_for(spec.flavour),
-                    window=spec.context_window,
-                    max_tokens=spec.max_tokens,
-                    baseline_tokens=spec.baseline_tokens,
-                )
-            prefilled = tokens
-            if kind is ProbeKind.OVER and spec.flavour in REJECT_AT_ADMISSION:
-                prefilled = 0
-            elif kind is ProbeKind.OVER and tokens is not None and spec.context_window:
-                # An engine that cuts the prompt instead (Ollama) prefills what it keeps.
-                prefilled = min(tokens, spec.context_window)
-            answered = kind is not ProbeKind.OVER
+            interval = spec.interval_for(kind)
+            per_day = DAY / interval
+            run = run_tokens(kind, shape)
             costs.append(
                 ProbeCost(
                     endpoint=spec.name,
                     kind=kind,
-                    interval_seconds=spec.interval_for(kind),
-                    prompt_tokens=tokens,
+                    interval_seconds=interval,
+                    prompt_tokens=run.prompt,
                     probes_per_day=per_day,
-                    prefill_tokens_per_day=None if prefilled is None else prefilled * per_day,
-                    completion_tokens_per_day=spec.max_tokens * per_day if answered else 0.0,
+                    prefill_tokens_per_day=(
+                        None if run.prefilled is None else run.prefilled * per_day
+                    ),
+                    completion_tokens_per_day=run.answered * per_day,
                 )
             )
     return costs
-
-
-def _burst_cost(spec: EndpointSpec, per_day: float) -> ProbeCost:
-    """A burst cycle: the solo request and N at once, N averaged over the sizes it takes in
-    turn; each prompt is prefilled whole (its filler is its own: no cache hit)."""
-    tokens = cycle_prompt_tokens(spec.burst_sizes, spec.burst_prompt_tokens)
-    requests = 1 + sum(spec.burst_sizes) / len(spec.burst_sizes)
-    return ProbeCost(
-        endpoint=spec.name,
-        kind=ProbeKind.BURST,
-        interval_seconds=spec.interval_for(ProbeKind.BURST),
-        prompt_tokens=tokens,
-        probes_per_day=per_day,
-        prefill_tokens_per_day=tokens * per_day,
-        completion_tokens_per_day=requests * ANSWER_TOKENS * per_day,
-    )

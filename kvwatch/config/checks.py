@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from kvwatch.canary.burst import ANSWER_TOKENS, fits
 from kvwatch.canary.model import ProbeKind
 from kvwatch.canary.planning import ANSWER_TOKENS_PER_CODE
+from kvwatch.canary.spend import OverBudget
 from kvwatch.config.durations import format_duration
 from kvwatch.config.expand import KeyPath
 from kvwatch.config.model import Config
-from kvwatch.config.resolve import EndpointSpec, resolve_settings
+from kvwatch.config.resolve import EndpointSpec, planned_spend, resolve_settings
 from kvwatch.config.sections import Defaults, EndpointSettings, Intervals
 
 Problem = tuple[KeyPath, str]
@@ -50,6 +51,7 @@ def _settings_problems(
         _reserved_labels(here, endpoint, multi_region=config.region is not None)
         + _timing_problems(here, endpoint, spec)
         + _size_problems(here, endpoint, spec)
+        + _budget_problems(here, endpoint, spec)
     )
 
 
@@ -161,6 +163,29 @@ def _size_problems(here: KeyPath, endpoint: EndpointSettings, spec: EndpointSpec
             )
         )
     return problems
+
+
+def _budget_problems(
+    here: KeyPath, endpoint: EndpointSettings, spec: EndpointSpec
+) -> list[Problem]:
+    if spec.budget_tokens_per_day is None:
+        return []
+    # Reported where the budget was written; the sentence names the endpoint, since a budget
+    # in `defaults` fits one endpoint and not another.
+    at: KeyPath = (*here, "budget") if endpoint.budget is not None else ("defaults", "budget")
+    if spec.context_window is None:
+        return [
+            (
+                at,
+                f"{spec.name}: a budget needs context_window, to size the canaries it plans "
+                "(the window is otherwise discovered only at run time)",
+            )
+        ]
+    try:
+        planned_spend(spec)
+    except OverBudget as exc:
+        return [((*at, "tokens_per_day"), f"{spec.name}: {exc}")]
+    return []
 
 
 def _answer_too_short(max_tokens: int, depths: int) -> bool:

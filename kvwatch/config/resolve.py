@@ -6,6 +6,7 @@ an :class:`EndpointSpec` in which every field is concrete.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -15,6 +16,7 @@ from pydantic import SecretStr
 
 from kvwatch.canary.burst import DEFAULT_PROMPT_TOKENS, DEFAULT_SIZES
 from kvwatch.canary.model import ProbeKind
+from kvwatch.canary.spend import OverBudget, RunShape, SpendPlan, fit_budget, run_tokens
 from kvwatch.config.sections import Defaults, Endpoint, EndpointSettings, Intervals
 
 T = TypeVar("T")
@@ -86,8 +88,13 @@ class EndpointSpec:
     # Kinds whose interval the user wrote in ``intervals`` (a budget never stretches them).
     explicit_intervals: frozenset[ProbeKind] = frozenset()
     budget_tokens_per_day: int | None = None
+    # Tokens a day the schedule plans to spend, when there is a budget and the window is
+    # known (kvwatch.canary.spend); None otherwise.
+    budget_planned_per_day: int | None = None
     on_change: bool = True
     on_change_min_gap_seconds: float = 600.0
+    # The jitter the user wrote (None: each kind's follows its interval).
+    written_jitter: float | None = None
 
     def interval_for(self, kind: ProbeKind) -> float:
         """Seconds between scheduled runs of ``kind`` (an edge probe goes with the capacity
@@ -106,6 +113,57 @@ class EndpointSpec:
         if self.api_key is not None or not self.tenants:
             return None
         return self.tenants[0]
+
+
+def shape_of(spec: EndpointSpec) -> RunShape:
+    """What one run of ``spec``'s canaries is sized by (kvwatch.canary.spend)."""
+    return RunShape(
+        flavour=spec.flavour,
+        window=spec.context_window,
+        max_tokens=spec.max_tokens,
+        baseline_tokens=spec.baseline_tokens,
+        burst_sizes=spec.burst_sizes,
+        burst_prompt_tokens=spec.burst_prompt_tokens,
+    )
+
+
+def planned_spend(spec: EndpointSpec) -> SpendPlan | None:
+    """The budget's plan for ``spec`` (None without a budget, or with an unknown window);
+    raises :class:`~kvwatch.canary.spend.OverBudget` when its written intervals cannot fit."""
+    if spec.budget_tokens_per_day is None:
+        return None
+    shape = shape_of(spec)
+    per_run: dict[ProbeKind, float] = {}
+    for kind in spec.probes:
+        spent = run_tokens(kind, shape).spent
+        if spent is None:
+            return None
+        per_run[kind] = spent
+    return fit_budget(per_run, spec.intervals, spec.explicit_intervals, spec.budget_tokens_per_day)
+
+
+def within_budget(spec: EndpointSpec) -> EndpointSpec:
+    """``spec`` with the expensive kinds' intervals slowed to fit its budget (unchanged
+    when it has none, or when it cannot fit: the config checks report that)."""
+    try:
+        plan = planned_spend(spec)
+    except OverBudget:
+        return spec
+    if plan is None:
+        return spec
+    intervals = dict(plan.intervals)
+    jitters = {
+        kind: kind_jitter(
+            kind, intervals[kind], spec.written_jitter, kind in spec.explicit_intervals
+        )
+        for kind in intervals
+    }
+    return dataclasses.replace(
+        spec,
+        intervals=MappingProxyType(intervals),
+        jitters=MappingProxyType(jitters),
+        budget_planned_per_day=plan.planned_per_day,
+    )
 
 
 def resolve_endpoint(endpoint: Endpoint, defaults: Defaults) -> EndpointSpec:
@@ -136,49 +194,52 @@ def resolve_settings(
     api_key = endpoint.api_key
     if endpoint.api_key_file is not None:
         api_key = endpoint.api_key_file.value
-    return EndpointSpec(
-        name=name,
-        url=url,
-        flavour=endpoint.flavour,
-        model=model,
-        context_window=endpoint.context_window,
-        kv_pool_tokens=endpoint.kv_pool_tokens,
-        api_key=api_key,
-        tokenizer=endpoint.tokenizer,
-        probes=probes,
-        interval_seconds=interval,
-        jitter_seconds=default_jitter(interval) if jitter is None else jitter,
-        intervals=MappingProxyType(intervals),
-        jitters=MappingProxyType(
-            {k: kind_jitter(k, v, jitter, k in explicit) for k, v in intervals.items()}
-        ),
-        explicit_intervals=explicit,
-        budget_tokens_per_day=budget.tokens_per_day if budget is not None else None,
-        on_change=_pick(endpoint.on_change, defaults.on_change),
-        on_change_min_gap_seconds=_pick(endpoint.on_change_min_gap, defaults.on_change_min_gap),
-        # Read-only views, so a shared spec cannot be changed under another task's feet.
-        timeouts=MappingProxyType(timeouts),
-        max_tokens=_pick(endpoint.max_tokens, defaults.max_tokens),
-        baseline_tokens=_pick(endpoint.baseline_tokens, defaults.baseline_tokens),
-        stream=_pick(endpoint.stream, defaults.stream),
-        marker_depths=tuple(_pick(endpoint.marker_depths, defaults.marker_depths)),
-        confirm=_pick(endpoint.confirm, defaults.confirm),
-        served_window=_pick(endpoint.served_window, defaults.served_window),
-        body_limit_bytes=_pick(endpoint.body_limit_bytes, defaults.body_limit_bytes),
-        labels=MappingProxyType(dict(endpoint.labels)),
-        burst_sizes=tuple(burst.sizes),
-        burst_prompt_tokens=burst.prompt_tokens,
-        tenants=tuple(
-            TenantSpec(
-                name=tenant.name,
-                api_key=(
-                    tenant.api_key_file.value
-                    if tenant.api_key_file is not None
-                    else _required(tenant.api_key)
-                ),
-            )
-            for tenant in endpoint.tenants or ()
-        ),
+    return within_budget(
+        EndpointSpec(
+            name=name,
+            url=url,
+            flavour=endpoint.flavour,
+            model=model,
+            context_window=endpoint.context_window,
+            kv_pool_tokens=endpoint.kv_pool_tokens,
+            api_key=api_key,
+            tokenizer=endpoint.tokenizer,
+            probes=probes,
+            interval_seconds=interval,
+            jitter_seconds=default_jitter(interval) if jitter is None else jitter,
+            intervals=MappingProxyType(intervals),
+            jitters=MappingProxyType(
+                {k: kind_jitter(k, v, jitter, k in explicit) for k, v in intervals.items()}
+            ),
+            explicit_intervals=explicit,
+            budget_tokens_per_day=budget.tokens_per_day if budget is not None else None,
+            on_change=_pick(endpoint.on_change, defaults.on_change),
+            on_change_min_gap_seconds=_pick(endpoint.on_change_min_gap, defaults.on_change_min_gap),
+            # Read-only views, so a shared spec cannot be changed under another task's feet.
+            timeouts=MappingProxyType(timeouts),
+            max_tokens=_pick(endpoint.max_tokens, defaults.max_tokens),
+            baseline_tokens=_pick(endpoint.baseline_tokens, defaults.baseline_tokens),
+            stream=_pick(endpoint.stream, defaults.stream),
+            marker_depths=tuple(_pick(endpoint.marker_depths, defaults.marker_depths)),
+            confirm=_pick(endpoint.confirm, defaults.confirm),
+            served_window=_pick(endpoint.served_window, defaults.served_window),
+            body_limit_bytes=_pick(endpoint.body_limit_bytes, defaults.body_limit_bytes),
+            labels=MappingProxyType(dict(endpoint.labels)),
+            burst_sizes=tuple(burst.sizes),
+            burst_prompt_tokens=burst.prompt_tokens,
+            tenants=tuple(
+                TenantSpec(
+                    name=tenant.name,
+                    api_key=(
+                        tenant.api_key_file.value
+                        if tenant.api_key_file is not None
+                        else _required(tenant.api_key)
+                    ),
+                )
+                for tenant in endpoint.tenants or ()
+            ),
+            written_jitter=jitter,
+        )
     )
 
 
