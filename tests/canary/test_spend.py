@@ -102,7 +102,8 @@ endpoints:
 """
     [spec] = parse_config(text, env={}).resolved_endpoints()
     assert spec.interval_for(UNDER) == spec.interval_for(BASELINE) == 379 * 60.0
-    assert spec.interval_for(OVER) == 379 * 60.0
+    # Refused at admission, over costs vLLM nothing and keeps its 15 minutes.
+    assert spec.interval_for(OVER) == 900.0
     assert spec.interval_for(CAPACITY) == 60.0
     assert spec.budget_tokens_per_day == 4_000_000
     assert spec.budget_planned_per_day is not None
