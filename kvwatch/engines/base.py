@@ -28,6 +28,24 @@ class Discovery:
     # The largest prompt admitted whatever max_tokens is, when the engine has such a cap
     # below its window (TGI's max_input_tokens): the boundary to probe is then this one.
     max_prompt_tokens: int | None = None
+    # What identifies the deployment beyond window, pool and model (engine version or build,
+    # process start, weights): (field, value) pairs, sorted. Only facts whose change means a
+    # redeploy belong here, never load or uptime (kvwatch.fingerprint).
+    identity: tuple[tuple[str, str], ...] = ()
+
+
+def identity_of(**fields: object) -> tuple[tuple[str, str], ...]:
+    """The reported facts among ``fields`` as sorted (name, text) pairs; ``None``, empty and
+    non-scalar values are left out (an engine that does not report a fact states nothing)."""
+    pairs = []
+    for name, value in fields.items():
+        if isinstance(value, bool) or value is None or value == "":
+            continue
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, str | int | float):
+            pairs.append((name, str(value)))
+    return tuple(sorted(pairs))
 
 
 class Engine(Protocol):

@@ -7,12 +7,15 @@ by ``--parallel`` — and ``total_slots``; ``GET /slots`` lists every slot with 
 per-slot ``n_ctx`` is both the window and the pool. Admission: a prompt of ``n_ctx`` tokens or
 more is rejected with 400 ``exceed_context_size_error``; a shorter one is accepted and its
 answer stops when the slot is full (measured on a 4,096 window, DESIGN §1).
+
+Fingerprint (kvwatch.fingerprint): ``/props`` also carries ``build_info`` (the build number and
+commit, tools/server/server.cpp ``handle_props``) and ``model_path``; ``n_ctx`` is the window.
 """
 
 from __future__ import annotations
 
 from kvwatch.canary.sizing import AcceptanceRule
-from kvwatch.engines.base import Discovery
+from kvwatch.engines.base import Discovery, identity_of
 from kvwatch.engines.openai import EngineCallError, OpenAIEngine, positive_int
 
 
@@ -58,4 +61,7 @@ class LlamaCppEngine(OpenAIEngine):
             kv_pool_tokens=n_ctx,
             model=alias if isinstance(alias, str) else None,
             detail="; ".join(notes) or None,
+            identity=identity_of(
+                build_info=props.get("build_info"), model_path=props.get("model_path")
+            ),
         )

@@ -30,7 +30,7 @@ import httpx
 
 from kvwatch.canary.model import Exchange, Message, Rejection
 from kvwatch.canary.sizing import AcceptanceRule
-from kvwatch.engines.base import Discovery
+from kvwatch.engines.base import Discovery, identity_of
 from kvwatch.engines.http import bounded_text, one_line
 from kvwatch.engines.openai import (
     ANSWER_CHARS,
@@ -233,6 +233,7 @@ class OllamaEngine(OpenAIEngine):
         except EngineCallError as exc:
             return Discovery(model=self.model, detail=str(exc))
         loaded: int | None = None
+        digest: object = None
         if status == 200 and isinstance(ps, dict) and isinstance(ps.get("models"), list):
             for entry in ps["models"]:
                 if isinstance(entry, dict) and self.model in (
@@ -240,6 +241,9 @@ class OllamaEngine(OpenAIEngine):
                     entry.get("model"),
                 ):
                     loaded = json_int(entry.get("context_length"))
+                    # The loaded weights (docs/api.md "List Running Models"): a re-pulled
+                    # tag changes it. expires_at and size_vram move with use: not identity.
+                    digest = entry.get("digest")
         if trained is not None:
             notes.append(f"model trained for {trained} tokens")
         window = loaded or num_ctx
@@ -249,4 +253,13 @@ class OllamaEngine(OpenAIEngine):
             context_window=window,
             model=self.model,
             detail="; ".join(notes) or None,
+            identity=identity_of(version=await self._version(), digest=digest),
         )
+
+    async def _version(self) -> object:
+        # GET /api/version answers {"version": "0.x.y"} (docs/api.md "Version").
+        try:
+            status, payload, _ = await self._discovery_call("GET", f"{self.root_url}/api/version")
+        except EngineCallError:
+            return None
+        return payload.get("version") if status == 200 and isinstance(payload, dict) else None

@@ -19,7 +19,7 @@ import httpx
 
 from kvwatch.canary.model import Exchange, Message, Rejection, TransportError
 from kvwatch.canary.sizing import AcceptanceRule
-from kvwatch.engines.base import Discovery, EngineAuthError, ProgressCallback
+from kvwatch.engines.base import Discovery, EngineAuthError, ProgressCallback, identity_of
 from kvwatch.engines.http import (
     DEFAULT_BODY_LIMIT,
     BodyTooLarge,
@@ -733,4 +733,8 @@ class OpenAIEngine:
             context_window=window if window is not None and window > 0 else None,
             model=model_id if isinstance(model_id, str) else None,
             detail=None if window is not None else "GET /models reports no max_model_len",
+            # vLLM's ModelCard.root is the weights it loaded (the path or repo behind a served
+            # name): a new checkpoint under the same served name changes it
+            # (vllm/entrypoints/openai/protocol.py ModelCard).
+            identity=identity_of(model_root=card.get("root")),
         )

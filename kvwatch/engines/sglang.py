@@ -10,6 +10,9 @@ pool in tokens) and ``max_req_input_len = min(context_len - 1, max_total_num_tok
 allowed length (M tokens)" unless ``--allow-auto-truncate`` is set, in which case it is
 silently cut (python/sglang/srt/managers/utils.py ``validate_input_length``) — the edge probe
 catches that as ``truncated``.
+
+Fingerprint (kvwatch.fingerprint): the same handler adds ``"version": __version__``, and the
+server args carry ``model_path`` (the weights) — both mean a redeploy when they change.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvwatch.canary.sizing import AcceptanceRule
-from kvwatch.engines.base import Discovery
+from kvwatch.engines.base import Discovery, identity_of
 from kvwatch.engines.openai import EngineCallError, OpenAIEngine, positive_int
 
 SERVER_INFO_PATHS = ("/get_server_info", "/server_info")
@@ -62,4 +65,5 @@ class SGLangEngine(OpenAIEngine):
             kv_pool_tokens=pool,
             model=models.model,
             detail="; ".join(notes) or None,
+            identity=identity_of(version=info.get("version"), model_path=info.get("model_path")),
         )

@@ -26,7 +26,7 @@ import httpx
 
 from kvwatch.canary.model import Exchange, Message, Rejection
 from kvwatch.canary.sizing import AcceptanceRule
-from kvwatch.engines.base import Discovery
+from kvwatch.engines.base import Discovery, identity_of
 from kvwatch.engines.http import bounded_text, one_line
 from kvwatch.engines.openai import (
     ANSWER_CHARS,
@@ -111,6 +111,14 @@ class TGIEngine(OpenAIEngine):
             model=model if isinstance(model, str) else None,
             detail=detail,
             max_prompt_tokens=max_input,
+            # The router's Info (router/src/lib.rs): its release and commit (version, sha)
+            # and the weights' revision (model_sha); model_id and the limits are above.
+            identity=identity_of(
+                version=info.get("version"),
+                sha=info.get("sha"),
+                model_sha=info.get("model_sha"),
+                max_input_tokens=max_input,
+            ),
         )
 
 

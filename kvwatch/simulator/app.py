@@ -283,6 +283,42 @@ async def set_fault(request: Request) -> Response:
     return JSONResponse({"name": state.spec.name, "fault": str(fault)})
 
 
+async def set_fingerprint(request: Request) -> Response:
+    """Redeploy the endpoint as far as its self-report goes: a new ``version``, a restart
+    (``restart``, default true: a new process start time), and optionally a new ``fault`` in
+    the same step, as a bad release brings its fault with it."""
+    state = _endpoint(request)
+    try:
+        body = await _json_object(request)
+        version = body.get("version")
+        if version is not None and not isinstance(version, str):
+            raise ValueError("version")
+        restart = body.get("restart", True)
+        if not isinstance(restart, bool):
+            raise ValueError("restart")
+        fault = FaultMode(str(body["fault"])) if "fault" in body else None
+    except (_BadRequest, ValueError):
+        return _error(
+            state,
+            400,
+            "body: {version?: string, restart?: bool, fault?: one of "
+            + ", ".join(mode.value for mode in FaultMode)
+            + "}",
+            "fingerprint",
+        )
+    state.redeploy(version, restart=restart, now=time.time())
+    if fault is not None:
+        state.fault = fault
+    return JSONResponse(
+        {
+            "name": state.spec.name,
+            "version": state.version,
+            "started_at": state.started_at,
+            "fault": str(state.fault),
+        }
+    )
+
+
 async def stats(request: Request) -> Response:
     sim: Simulation = request.app.state.simulation
     return JSONResponse(sim.stats())
@@ -305,6 +341,7 @@ def build_app(simulation: Simulation) -> Starlette:
             Route("/_sim/stats", stats, methods=["GET"]),
             Route("/_sim/traces", traces_route(simulation.traces), methods=["GET"]),
             Route("/{name}/_sim/fault", set_fault, methods=["PUT"]),
+            Route("/{name}/_sim/fingerprint", set_fingerprint, methods=["PUT"]),
             Route("/{name}/v1/models", models, methods=["GET"]),
             Route("/{name}/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/{name}/tokenize", tokenize, methods=["POST"]),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from kvwatch.simulator.errors import ErrorBody
 from kvwatch.simulator.spec import FaultMode, Flavour, SimEndpoint
 from kvwatch.simulator.traces import ReceivedTraces
 
+# The release a simulated engine reports until a redeploy changes it.
+SIM_VERSION = "0.0.0-kvwatch-sim"
 NOT_FOUND = "I could not find a code in the text."
 PAGE_TOKENS = 256
 MAX_PAGES = 64
@@ -198,6 +201,19 @@ class EndpointState:
         self._tokenizer = tokenizer.Tokenizer(spec.token_skew)
         # The requests being served now, in arrival order: the batch an engine steps.
         self.in_flight: list[InFlight] = []
+        # What the engine says about itself beyond window and pool: its release and when its
+        # process started. PUT /NAME/_sim/fingerprint changes them, as a redeploy would.
+        self.version = SIM_VERSION
+        self.started_at = float(int(time.time()))
+        self.deploys = 0
+
+    def redeploy(self, version: str | None, *, restart: bool, now: float) -> None:
+        """Change what the engine reports as a redeploy does: a new release, a new process."""
+        if version is not None:
+            self.version = version
+        if restart:
+            self.started_at = float(int(now))
+        self.deploys += 1
 
     @property
     def tokenizer(self) -> tokenizer.Tokenizer:

@@ -119,6 +119,9 @@ async def vllm_metrics(request: Request) -> Response:
         "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
         "# TYPE vllm:num_requests_running gauge\n"
         f'vllm:num_requests_running{{engine="0",model_name="{state.spec.model}"}} 0.0\n'
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
+        "# TYPE process_start_time_seconds gauge\n"
+        f"process_start_time_seconds {state.started_at}\n"
     )
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -135,7 +138,7 @@ async def sglang_server_info(request: Request) -> Response:
             "max_total_num_tokens": spec.pool_tokens,
             "max_req_input_len": min(spec.window, spec.pool_tokens) - 1,
             "internal_states": [{"last_gen_throughput": 0.0}],
-            "version": "0.0.0-kvwatch-sim",
+            "version": state.version,
         }
     )
 
@@ -149,6 +152,7 @@ async def llamacpp_props(request: Request) -> Response:
             "total_slots": 1,
             "model_path": f"/models/{spec.model}.gguf",
             "chat_template": "chatml",
+            "build_info": f"b{state.deploys}-{state.version}",
         }
     )
 
@@ -168,7 +172,8 @@ async def tgi_info(request: Request) -> Response:
             "max_total_tokens": spec.window,
             "max_concurrent_requests": 128,
             "router": "text-generation-router",
-            "version": "0.0.0-kvwatch-sim",
+            "version": state.version,
+            "sha": f"sim{state.deploys:04d}",
         }
     )
 
@@ -421,8 +426,27 @@ async def ollama_ps(request: Request) -> Response:
     state = _state(request, Flavour.OLLAMA)
     spec = state.spec
     return JSONResponse(
-        {"models": [{"name": spec.model, "model": spec.model, "context_length": spec.window}]}
+        {
+            "models": [
+                {
+                    "name": spec.model,
+                    "model": spec.model,
+                    "context_length": spec.window,
+                    "digest": f"{state.deploys:064x}",
+                }
+            ]
+        }
     )
+
+
+async def vllm_version(request: Request) -> Response:
+    state = _state(request, Flavour.VLLM)
+    return JSONResponse({"version": state.version})
+
+
+async def ollama_version(request: Request) -> Response:
+    state = _state(request, Flavour.OLLAMA)
+    return JSONResponse({"version": state.version})
 
 
 # -- Anthropic -----------------------------------------------------------------------------------
@@ -569,6 +593,8 @@ async def anthropic_model(request: Request) -> Response:
 def routes() -> list[Route]:
     table: list[tuple[str, Handler, str]] = [
         ("/{name}/metrics", vllm_metrics, "GET"),
+        ("/{name}/version", vllm_version, "GET"),
+        ("/{name}/api/version", ollama_version, "GET"),
         ("/{name}/get_server_info", sglang_server_info, "GET"),
         ("/{name}/server_info", sglang_server_info, "GET"),
         ("/{name}/props", llamacpp_props, "GET"),
