@@ -157,6 +157,11 @@ class Probe(Base):
     # The trace id (32 hex digits) every request of the probe carried (migration 0010), to
     # find the engine's spans; NULL with tracing off and for probes from before it.
     trace_id: Mapped[str | None] = mapped_column(String(TRACE_ID_LENGTH))
+    # The endpoint change whose canaries this probe is (migration 0011): run at once when the
+    # engine's self-report changed, outside the schedule. NULL for scheduled probes. No
+    # foreign key: adding one to ``probes`` on SQLite means copying the table, and dropping
+    # the old one would cascade-delete ``markers``; changes are never pruned anyway.
+    change_id: Mapped[int | None] = mapped_column(BigInteger)
 
 
 SERVED_WINDOW_SOURCES = ("search", "recovered")
@@ -307,6 +312,55 @@ Index(
 # is the first entry under one key. Without it, a prepared statement's generic plan walks
 # ix_probes_history backwards through the whole endpoint for a kind it never ran.
 Index("ix_probes_latest", Probe.endpoint, Probe.kind, Probe.state, Probe.started_at, Probe.id)
+
+
+CHANGE_REASONS = ("fingerprint", "restart")
+# due: its canaries may run now; held: not before due_at (the minimum gap); ran: they were
+# started; superseded: a later change of the endpoint took its place before they ran; off:
+# the endpoint has on_change: false (the change is kept as history only).
+CHANGE_STATES = ("due", "held", "ran", "superseded", "off")
+
+
+class EndpointFingerprint(Base):
+    """The latest fingerprint of each endpoint's self-report (migration 0011), per region.
+
+    ``digest`` makes the update a compare-and-set: of two replicas that saw the same change,
+    one records it. ``misses`` counts self-reports missed in a row (kvwatch.fingerprint)."""
+
+    __tablename__ = "endpoint_fingerprints"
+
+    endpoint: Mapped[str] = mapped_column(String(200), primary_key=True)
+    region: Mapped[str] = mapped_column(String(REGION_LENGTH), primary_key=True, server_default="")
+    fields: Mapped[dict[str, Any] | None] = mapped_column(json_type())
+    digest: Mapped[str | None] = mapped_column(String(64))
+    misses: Mapped[int] = mapped_column(Integer)
+    seen_at: Mapped[datetime]
+
+
+class EndpointChange(Base):
+    """A change in what an endpoint says about itself (migration 0011): the event, its
+    before and after fields, and when its canaries may run (``due_at``) or ran."""
+
+    __tablename__ = "endpoint_changes"
+    __table_args__ = (
+        CheckConstraint(_in("reason", CHANGE_REASONS), name="reason"),
+        CheckConstraint(_in("state", CHANGE_STATES), name="state"),
+        Index(None, "endpoint", "at"),
+        Index(None, "state", "due_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    endpoint: Mapped[str] = mapped_column(String(200))
+    region: Mapped[str] = mapped_column(String(REGION_LENGTH), server_default="")
+    at: Mapped[datetime]
+    reason: Mapped[str] = mapped_column(String(16))
+    before: Mapped[dict[str, Any]] = mapped_column(json_type())
+    after: Mapped[dict[str, Any]] = mapped_column(json_type())
+    fields: Mapped[list[str]] = mapped_column(json_type())  # the fields that differ
+    state: Mapped[str] = mapped_column(String(16))
+    due_at: Mapped[datetime]
+    ran_at: Mapped[datetime | None]
+    replica: Mapped[str] = mapped_column(String(200))  # the replica that saw it
 
 
 class TokenCalibration(Base):

@@ -30,6 +30,8 @@ TABLES = {
     "probe_rollups",
     "served_windows",
     "token_calibrations",
+    "endpoint_fingerprints",
+    "endpoint_changes",
 }
 
 
