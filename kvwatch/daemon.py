@@ -29,6 +29,7 @@ from kvwatch.alerting.evaluator import KEEP_RETIRED, AlertEvaluator
 from kvwatch.alerting.policy import default_policy
 from kvwatch.canary.counting import TokenCounter
 from kvwatch.canary.model import ProbeKind
+from kvwatch.changes import ChangeWatcher
 from kvwatch.config import Config, ConfigError, EndpointSpec, capacity_violations, load_config
 from kvwatch.discovery.endpoints import merge
 from kvwatch.discovery.loop import DiscoveryLoop
@@ -218,6 +219,11 @@ def build_targets(
             spec.model,
             spec.flavour,
             {kind.value: spec.interval_for(kind) for kind in spec.probes},
+            budget=(
+                None
+                if spec.budget_tokens_per_day is None
+                else (spec.budget_tokens_per_day, spec.budget_planned_per_day)
+            ),
         )
         targets.append(
             Target(
@@ -444,7 +450,8 @@ class Daemon:
             if built.delivery is not None:
                 delivery_task = asyncio.create_task(built.delivery.run(), name="alert-delivery")
                 stack.push_async_callback(_stop_delivery, built.delivery, delivery_task)
-            scheduler = ProbeScheduler(built.runner)
+            watcher = ChangeWatcher(built.store, built.metrics, replica=config.replica_id)
+            scheduler = ProbeScheduler(built.runner, watcher=watcher)
             self._scheduler = scheduler
             built.registry.register(SizesCollector(functools.partial(_sizes, built, scheduler)))
             scheduler.start(built.targets)
@@ -525,6 +532,8 @@ def _start_loops(
     retention), each stopped by ``stack`` on the way out."""
     sweeping = asyncio.create_task(scheduler.sweep_expired(built.store), name="sweep")
     stack.push_async_callback(_cancel, sweeping)
+    watching = asyncio.create_task(scheduler.watch_changes(), name="changes")
+    stack.push_async_callback(_cancel, watching)
     flushing = asyncio.create_task(built.runner.results.run(), name="flush")
     stack.push_async_callback(_flush_and_cancel, built.runner.results, flushing)
     pruning = asyncio.create_task(retention_loop(built.store, config.retention), name="retention")

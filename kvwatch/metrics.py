@@ -22,6 +22,10 @@ DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180, 300, 45
 _LABELS = ("endpoint", "probe")
 # The ``type`` label values of kvwatch_canary_tokens.
 TOKEN_TYPES = ("prompt", "completion")
+# The ``type`` label values of kvwatch_canary_budget_tokens.
+BUDGET_TYPES = ("budget", "planned")
+# The ``reason`` label values of kvwatch_endpoint_changes (kvwatch.fingerprint.Reason).
+CHANGE_REASONS = ("fingerprint", "restart")
 
 
 class ProbeMetrics:
@@ -116,6 +120,22 @@ class ProbeMetrics:
         self._leak_pairs: dict[tuple[str, str], tuple[str, str]] = {}
         self._series: dict[tuple[str, str], _KindSeries] = {}
         self._tokens: dict[tuple[str, str], tuple[Any, Any]] = {}
+        # Changes in what an endpoint says about itself (kvwatch.fingerprint), counted where
+        # they were recorded: sum over replicas for the fleet's count.
+        self.endpoint_changes = Counter(
+            "kvwatch_endpoint_changes",
+            "Changes seen in an endpoint's self-report (a redeploy or restart).",
+            ("endpoint", "reason"),
+            registry=registry,
+        )
+        # Compare with rate(kvwatch_canary_tokens_total[1d]) * 86400 for what was spent.
+        self.budget_tokens = Gauge(
+            "kvwatch_canary_budget_tokens",
+            "Canary tokens a day per endpoint: its budget (type=budget) and what its schedule "
+            "plans (type=planned).",
+            ("endpoint", "type"),
+            registry=registry,
+        )
         self.interrupted = Counter(
             "kvwatch_probes_interrupted",
             "Probes marked interrupted (shutdown, crash recovery).",
@@ -125,17 +145,37 @@ class ProbeMetrics:
         build.labels(__version__).set(1)
 
     def register_endpoint(
-        self, endpoint: str, model: str, flavour: str, kinds: dict[str, float]
+        self,
+        endpoint: str,
+        model: str,
+        flavour: str,
+        kinds: dict[str, float],
+        budget: tuple[int, int | None] | None = None,
     ) -> None:
+        """``budget``: the endpoint's tokens a day and what its schedule plans (None when
+        the window is known only at run time)."""
         self.endpoint_info.labels(endpoint, model, flavour).set(1)
         for kind, interval in kinds.items():
             self.interval.labels(endpoint, kind).set(interval)
+        for budget_type in BUDGET_TYPES:
+            with contextlib.suppress(KeyError):
+                self.budget_tokens.remove(endpoint, budget_type)
+        if budget is not None:
+            self.budget_tokens.labels(endpoint, "budget").set(budget[0])
+            if budget[1] is not None:
+                self.budget_tokens.labels(endpoint, "planned").set(budget[1])
 
     def forget_endpoint(self, endpoint: str, model: str, flavour: str, kinds: list[str]) -> None:
         """Drop a removed endpoint's series, so it does not look stale (and page) forever,
         and every child and cache kept for it, so a fleet that churns does not grow."""
         self.forget_info(endpoint, model, flavour)
         self.forget_kinds(endpoint, kinds)
+        for budget_type in BUDGET_TYPES:
+            with contextlib.suppress(KeyError):
+                self.budget_tokens.remove(endpoint, budget_type)
+        for reason in CHANGE_REASONS:
+            with contextlib.suppress(KeyError):
+                self.endpoint_changes.remove(endpoint, reason)
 
     def forget_info(self, endpoint: str, model: str, flavour: str) -> None:
         """Drop the endpoint's info series (a reload that changes its model or flavour
@@ -187,6 +227,8 @@ class ProbeMetrics:
             self.canary_tokens,
             self.endpoint_info,
             self.cross_tenant_leak,
+            self.endpoint_changes,
+            self.budget_tokens,
         )
         return {
             "metric_children": sum(_children(m) for m in labelled),

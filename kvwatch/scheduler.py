@@ -21,6 +21,7 @@ from apscheduler.schedulers.base import STATE_RUNNING
 from apscheduler.triggers.interval import IntervalTrigger
 
 from kvwatch.canary.model import ProbeKind
+from kvwatch.changes import ChangeWatcher
 from kvwatch.phase import next_slot_start, phase_ms, slot_for, slot_start
 from kvwatch.probe.chain import claim_ttl
 from kvwatch.probe.model import Target
@@ -94,8 +95,11 @@ class ProbeScheduler:
         first_runs_per_second: float = FIRST_RUNS_PER_SECOND,
         rng: random.Random | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        watcher: ChangeWatcher | None = None,
     ) -> None:
         self._runner = runner
+        # Told after each capacity check, to run the canaries of a change (kvwatch.changes).
+        self._watcher = watcher
         self._scheduler = AsyncIOScheduler(timezone=UTC)
         # Running probe tasks by endpoint, so a removed endpoint's client is closed only
         # after its last probe (see idle). These maps hold at most one entry per configured
@@ -178,6 +182,24 @@ class ProbeScheduler:
                 next_run_time=first,
                 replace_existing=True,
             )
+
+    def target(self, endpoint: str) -> Target | None:
+        return self._targets.get(endpoint)
+
+    def endpoints(self) -> list[str]:
+        return list(self._targets)
+
+    def next_slot(self, target: Target, kind: ProbeKind) -> int:
+        """The first slot of ``kind`` that is not yet due (a change run takes its place)."""
+        interval = target.spec.interval_for(kind)
+        phase = phase_ms(target.spec.name, kind.value, interval)
+        due = next_slot_start(self._clock().timestamp(), interval, phase)
+        return slot_for(due, interval, phase)
+
+    async def watch_changes(self) -> None:
+        """Run the canaries of held changes once their gap ends (see kvwatch.changes)."""
+        if self._watcher is not None:
+            await self._watcher.poll(self)
 
     def slot_at(self, target: Target, kind: ProbeKind, when: datetime) -> int:
         """The slot of ``kind`` of ``target`` that a run at ``when`` belongs to."""
@@ -303,6 +325,8 @@ class ProbeScheduler:
         try:
             async with endpoint_gate, self._gate:
                 await self._runner.run_slot(target, kind, slot, scheduled=scheduled)
+            if kind is ProbeKind.CAPACITY and self._watcher is not None:
+                await self._watcher.after_capacity(target, self)
         except asyncio.CancelledError:
             raise
         except Exception:

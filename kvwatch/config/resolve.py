@@ -177,14 +177,7 @@ def resolve_settings(
 ) -> EndpointSpec:
     """The spec of the endpoint ``name`` at ``url`` serving ``model`` with these settings:
     an ``endpoints:`` entry, or what a discovery source found with its template's settings."""
-    overrides = endpoint.timeouts
-    timeouts = {
-        kind: _pick(
-            getattr(overrides, kind.value) if overrides is not None else None,
-            getattr(defaults.timeouts, kind.value),
-        )
-        for kind in ProbeKind
-    }
+    timeouts = _timeouts(endpoint, defaults)
     interval = _pick(endpoint.interval, defaults.interval)
     jitter = endpoint.jitter if endpoint.jitter is not None else defaults.jitter
     probes = tuple(ProbeKind(kind) for kind in endpoint.probes)
@@ -227,19 +220,34 @@ def resolve_settings(
             labels=MappingProxyType(dict(endpoint.labels)),
             burst_sizes=tuple(burst.sizes),
             burst_prompt_tokens=burst.prompt_tokens,
-            tenants=tuple(
-                TenantSpec(
-                    name=tenant.name,
-                    api_key=(
-                        tenant.api_key_file.value
-                        if tenant.api_key_file is not None
-                        else _required(tenant.api_key)
-                    ),
-                )
-                for tenant in endpoint.tenants or ()
-            ),
+            tenants=_tenants(endpoint),
             written_jitter=jitter,
         )
+    )
+
+
+def _timeouts(endpoint: EndpointSettings, defaults: Defaults) -> dict[ProbeKind, float]:
+    overrides = endpoint.timeouts
+    return {
+        kind: _pick(
+            getattr(overrides, kind.value) if overrides is not None else None,
+            getattr(defaults.timeouts, kind.value),
+        )
+        for kind in ProbeKind
+    }
+
+
+def _tenants(endpoint: EndpointSettings) -> tuple[TenantSpec, ...]:
+    return tuple(
+        TenantSpec(
+            name=tenant.name,
+            api_key=(
+                tenant.api_key_file.value
+                if tenant.api_key_file is not None
+                else _required(tenant.api_key)
+            ),
+        )
+        for tenant in endpoint.tenants or ()
     )
 
 

@@ -46,6 +46,11 @@ class EndpointState:
     discovery: Discovery | None = None  # the engine's last self-report (capacity check)
     served: ServedWindowRecord | None = None  # the last served-window measurement, if read
     burst_turns: int = 0  # burst cycles run outside a scheduled slot (one-shot probes)
+    # The self-report the last capacity check read here (None: the engine did not answer),
+    # until the change watcher takes it (kvwatch.changes): only a check this replica ran
+    # says anything about the endpoint now.
+    unobserved_report: Discovery | None = None
+    report_unobserved: bool = False
 
 
 @dataclass(frozen=True, slots=True)

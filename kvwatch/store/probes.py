@@ -354,6 +354,7 @@ def probe_row(row: Probe) -> ProbeRow:
         depths=depths_from_json(row.depth_outcomes),
         trace_id=row.trace_id,
         burst=burst_from_json(row.depth_outcomes),
+        change_id=row.change_id,
     )
 
 
@@ -380,6 +381,9 @@ def _add_probe(session: Session, p: NewProbe, *, state: ProbeState, **values: An
         "tenant": p.tenant,
         "trigger_probe_id": p.trigger_probe_id,
         "trace_id": p.trace_id,
+        # A change's canaries run in the slot -change_id (kvwatch.changes): the claim table
+        # then runs them once across the replicas, and the probe names its change.
+        "change_id": -p.slot if p.slot is not None and p.slot < 0 else None,
         "foreign_markers": [],
         # The planned markers, unless the outcome (a whole probe at once) brings judged ones.
         "depth_outcomes": depths_to_json(p.placements) if p.placements else None,

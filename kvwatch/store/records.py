@@ -139,6 +139,7 @@ class ProbeRow:
     depths: tuple[DepthEvidence, ...] = ()  # empty for a single-marker probe
     trace_id: str | None = None  # the trace its requests carried; None: off, or older rows
     burst: tuple[BurstRequest, ...] = ()  # per request of a burst probe, once judged
+    change_id: int | None = None  # the endpoint change whose canaries it is; None: scheduled
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

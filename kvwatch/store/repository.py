@@ -2,7 +2,8 @@
 
 Split by what it keeps: probes and their markers (:mod:`~kvwatch.store.probes`), slot claims
 (:mod:`~kvwatch.store.slots`), alert states (:mod:`~kvwatch.store.alert_states`), served
-windows (:mod:`~kvwatch.store.served_windows`), token calibrations
+windows (:mod:`~kvwatch.store.served_windows`), endpoint changes
+(:mod:`~kvwatch.store.changes`), token calibrations
 (:mod:`~kvwatch.store.calibrations`) and hourly rollups (:mod:`~kvwatch.store.rollups`), over
 one engine and one way of writing (:mod:`~kvwatch.store.base`), so a probe's writes still go
 in one transaction.
@@ -12,13 +13,14 @@ from __future__ import annotations
 
 from kvwatch.store.base import WriteOp
 from kvwatch.store.calibrations import TokenCalibrations
+from kvwatch.store.changes import EndpointChanges
 from kvwatch.store.probes import ProbeRecords
 from kvwatch.store.served_windows import ServedWindows
 
 __all__ = ["Store", "WriteOp"]
 
 
-class Store(ProbeRecords, ServedWindows, TokenCalibrations):
+class Store(ProbeRecords, ServedWindows, TokenCalibrations, EndpointChanges):
     """kvwatch's database, behind one small synchronous API.
 
     ``region`` (multi-region mode) is the region this kvwatch runs in: it is stamped on the

@@ -32,10 +32,13 @@ async def probe(job: ProbeJob, io: Probing) -> Attempt | None:
         async with asyncio.timeout(timeout):
             discovery = await engine_report(target)
     except EngineAuthError as exc:
+        _observed(target, None)
         judgement = Judgement(Verdict.AUTH_ERROR, f"discovery refused: {exc}")
     except TimeoutError:
+        _observed(target, None)
         judgement = Judgement(Verdict.ERROR, f"discovery did not answer within {timeout:.0f} s")
     else:
+        _observed(target, discovery)
         target.state.discovery = discovery
         if discovery.kv_pool_tokens is None and spec.kv_pool_tokens is None:
             log.debug("capacity_unreported", endpoint=spec.name, detail=discovery.detail)
@@ -52,6 +55,12 @@ async def probe(job: ProbeJob, io: Probing) -> Attempt | None:
     )
     probe_id = await io.begin(new, job.claim)
     return Attempt(new, probe_id, None, exchange, judgement)
+
+
+def _observed(target: Target, discovery: Discovery | None) -> None:
+    # For the change watcher (kvwatch.changes), which compares it with the last fingerprint.
+    target.state.unobserved_report = discovery
+    target.state.report_unobserved = True
 
 
 def _judge(target: Target, discovery: Discovery) -> Judgement:
