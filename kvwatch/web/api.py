@@ -140,6 +140,19 @@ def _endpoint_routes(router: APIRouter, ctx: WebContext, queries: HistoryQueries
             raise HTTPException(status_code=404, detail=f"no endpoint named {name!r}")
         return schemas.summary(queries.summary(name, start, end))
 
+    @router.get(
+        "/endpoints/{name}/changes",
+        summary="Changes in what an endpoint says about itself, newest first",
+        responses=NOT_FOUND,
+    )
+    def endpoint_changes(
+        name: EndpointName,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="At most this many.")] = 50,
+    ) -> list[schemas.EndpointChange]:
+        if queries.endpoint(name) is None:
+            raise HTTPException(status_code=404, detail=f"no endpoint named {name!r}")
+        return [schemas.endpoint_change(c) for c in ctx.store.list_changes(name, limit)]
+
 
 def _probe_routes(router: APIRouter, ctx: WebContext, queries: HistoryQueries) -> None:
     """``/probes``, filtered and paged, and ``/probes/{probe_id}`` with its evidence."""

@@ -32,6 +32,7 @@ TEMPLATES = Path(__file__).parent / "templates"
 # endpoint names, the table still fits a 1280 px screen (the strip's cells wrap beyond that).
 STRIP = 24
 PAGE = 50  # probes per list page
+CHANGES_SHOWN = 20  # the endpoint page's change timeline
 BUCKETS = 120  # slices of the endpoint timeline (fewer when they are whole hours or uneven)
 # The shortest span a chart covers when it starts at the endpoint's first probe: a probe a few
 # seconds old is not stretched over the whole width, and slices stay a second or longer.
@@ -177,7 +178,30 @@ def _endpoint_pages(
             tokens=svg.tokens(chart.buckets, chart.count, chart.start, until),
             has_points=bool(chart.buckets),
             page=page,
+            changes=ctx.store.list_changes(name, CHANGES_SHOWN),
+            budget=_budget(ctx, name, queries, until),
         )
+
+
+def _budget(
+    ctx: WebContext, name: str, queries: HistoryQueries, until: datetime
+) -> dict[str, int | None] | None:
+    """The endpoint's token budget, what its schedule plans (both from the daemon's gauges)
+    and what its canaries spent in the last 24 h; None without a budget."""
+    budget = ctx.registry.get_sample_value(
+        "kvwatch_canary_budget_tokens", {"endpoint": name, "type": "budget"}
+    )
+    if budget is None:
+        return None
+    planned = ctx.registry.get_sample_value(
+        "kvwatch_canary_budget_tokens", {"endpoint": name, "type": "planned"}
+    )
+    day = queries.summary(name, until - timedelta(days=1), until)
+    return {
+        "budget": int(budget),
+        "planned": None if planned is None else int(planned),
+        "spent": day.prompt_tokens + day.completion_tokens,
+    }
 
 
 def _probe_pages(

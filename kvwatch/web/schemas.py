@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kvwatch.canary.model import BurstRequest as BurstEvidence
 from kvwatch.canary.model import ProbeKind
+from kvwatch.store.changes import ChangeRecord
 from kvwatch.store.queries import EndpointOverview, ProbeBrief, Summary
 from kvwatch.store.records import (
     AlertStateRecord,
@@ -226,6 +227,50 @@ class Probe(_Model):
         "for probes from before kvwatch sent one.",
         pattern="^[0-9a-f]{32}$",
     )
+    change_id: int | None = Field(
+        default=None,
+        description="The endpoint change whose canaries this probe is (run at once when the "
+        "engine's self-report changed); null for scheduled probes.",
+    )
+
+
+class EndpointChange(_Model):
+    """A change in what the endpoint says about itself: a redeploy or a restart."""
+
+    id: int
+    endpoint: str
+    at: datetime = Field(description="When a capacity check saw it.")
+    reason: str = Field(
+        description="fingerprint: the engine reports other facts about itself (release, "
+        "window, pool, weights); restart: a new process with the same facts, or an engine "
+        "that stopped answering its self-report and came back."
+    )
+    fields: list[str] = Field(description="The fields that differ.")
+    before: dict[str, str]
+    after: dict[str, str]
+    state: str = Field(
+        description="due | held (waits for the minimum gap, until due_at) | ran | superseded "
+        "(a later change ran in its place) | off (on_change: false)"
+    )
+    due_at: datetime
+    ran_at: datetime | None
+    replica: str = Field(description="The replica that saw it.")
+
+
+def endpoint_change(c: ChangeRecord) -> EndpointChange:
+    return EndpointChange(
+        id=c.id,
+        endpoint=c.endpoint,
+        at=c.at,
+        reason=c.reason,
+        fields=list(c.fields),
+        before=dict(c.before),
+        after=dict(c.after),
+        state=c.state,
+        due_at=c.due_at,
+        ran_at=c.ran_at,
+        replica=c.replica,
+    )
 
 
 class ProbePage(_Model):
@@ -400,6 +445,7 @@ def probe(settings: WebSettings, r: ProbeRow, confirmed_by: list[int]) -> Probe:
         trigger_probe_id=r.trigger_probe_id,
         confirmed_by=confirmed_by,
         trace_id=r.trace_id,
+        change_id=r.change_id,
     )
 
 

@@ -56,11 +56,12 @@ def test_basic_auth_and_protected_metrics(make_app: AppFactory) -> None:
 
 
 def test_the_openapi_document_describes_the_api_only(make_app: AppFactory) -> None:
-    """The served document lists the five /api/v1 operations and no page or metrics route."""
+    """The served document lists the six /api/v1 operations and no page or metrics route."""
     schema = TestClient(make_app()).get("/api/v1/openapi.json").json()
     assert sorted(schema["paths"]) == [
         "/api/v1/alerts",
         "/api/v1/endpoints",
+        "/api/v1/endpoints/{name}/changes",
         "/api/v1/endpoints/{name}/summary",
         "/api/v1/probes",
         "/api/v1/probes/{probe_id}",

@@ -64,6 +64,7 @@ def _leaked_probe(ids: dict[str, int], **overrides: Any) -> dict[str, Any]:
         "confirmed_by": [ids["b-confirm"]],
         "trigger_probe_id": None,
         "trace_id": TRACE_ID,
+        "change_id": None,
     }
     probe.update(overrides)
     return probe

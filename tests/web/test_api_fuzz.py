@@ -22,6 +22,7 @@ def test_the_api_never_fails_and_matches_its_schema(
     assert {op.path for op in operations} == {
         "/api/v1/endpoints",
         "/api/v1/endpoints/{name}/summary",
+        "/api/v1/endpoints/{name}/changes",
         "/api/v1/probes",
         "/api/v1/probes/{probe_id}",
         "/api/v1/alerts",
