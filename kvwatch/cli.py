@@ -764,8 +764,45 @@ def plan(config_path: Path | None, output: str) -> None:
         click.echo("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in pairs))
     known = [c.prefill_tokens_per_day for c in costs if c.prefill_tokens_per_day is not None]
     click.echo(f"total prefill per day: {sum(known):,.0f} tokens")
+    budgeted = [s for s in config.resolved_endpoints() if s.budget_tokens_per_day is not None]
+    spent = _spent_last_day(config.database, [s.name for s in budgeted]) if budgeted else {}
+    for spec in budgeted:
+        planned = spec.budget_planned_per_day
+        used = spent.get(spec.name)
+        click.echo(
+            f"budget {spec.name}: {spec.budget_tokens_per_day:,} tokens a day; its schedule "
+            f"plans {'-' if planned is None else f'{planned:,}'}; spent in the last 24 h: "
+            f"{'-' if used is None else f'{used:,}'}"
+        )
     for line in precision_notes(config.resolved_endpoints()):
         click.echo(f"NOTE: {line}")
+
+
+def _spent_last_day(database: str, names: Sequence[str]) -> dict[str, int]:
+    """Tokens each endpoint's canaries spent in the last 24 h, as the engines reported them;
+    empty when the database cannot be read (plan needs none: it plans from the config)."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy.engine import make_url
+
+    from kvwatch.daemon import history_store
+    from kvwatch.store.errors import StoreError
+    from kvwatch.store.queries import HistoryQueries
+
+    url = make_url(database)
+    if url.get_backend_name() == "sqlite" and not Path(url.database or "").is_file():
+        return {}  # no history yet, and reading must not create the file
+    until = datetime.now(UTC)
+    try:
+        with history_store(database) as store:
+            queries = HistoryQueries(store)
+            return {
+                name: (day.prompt_tokens + day.completion_tokens)
+                for name in names
+                if (day := queries.summary(name, until - timedelta(days=1), until))
+            }
+    except StoreError:
+        return {}
 
 
 def precision_notes(specs: Sequence[EndpointSpec]) -> list[str]:

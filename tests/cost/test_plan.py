@@ -121,3 +121,26 @@ def test_a_burst_costs_its_solo_request_and_the_average_burst_every_cycle():
     assert cost.prompt_tokens == 5120
     assert cost.prefill_tokens_per_day == 5120 * 288
     assert cost.completion_tokens_per_day == 10 * 48 * 288
+
+
+BUDGETED = ONE_M.replace("    interval: 5m\n", "    budget: {tokens_per_day: 20000000}\n")
+
+
+def test_plan_shows_an_endpoints_budget_beside_what_its_schedule_plans(tmp_path):
+    """With a budget, `kvwatch plan` prints the budget, the paced plan and (no history
+    yet) no spend; the under probe's interval is stretched to fit."""
+    (tmp_path / "kvwatch.yaml").write_text(BUDGETED)
+    table = subprocess.run(
+        kvwatch_cmd("plan"), cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert table.returncode == 0, table.stderr
+    [spec] = parse_config(BUDGETED).resolved_endpoints()
+    planned = spec.budget_planned_per_day
+    assert planned is not None and planned <= 20_000_000
+    assert (
+        f"budget glm-prod: 20,000,000 tokens a day; its schedule plans {planned:,}; "
+        "spent in the last 24 h: -"
+    ) in table.stdout
+    assert not (tmp_path / "kvwatch.db").exists()
+    # (1,048,560 + 16 + 1,536 + 16) tokens a run fit 19 times a day: every 76 min.
+    assert spec.interval_for(ProbeKind.UNDER) == 76 * 60.0
