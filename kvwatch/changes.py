@@ -32,6 +32,9 @@ log = structlog.get_logger("kvwatch.changes")
 
 # How often held changes are looked for: a change held by the gap runs at most this late.
 POLL_SECONDS = 5.0
+# A change run takes the place of the first scheduled run not already taken (by an earlier
+# change, or running now) among the next few; beyond them it is simply an extra run.
+SLOTS_TO_REPLACE = 4
 
 
 class ChangeRuns(Protocol):
@@ -41,7 +44,7 @@ class ChangeRuns(Protocol):
 
     def endpoints(self) -> Sequence[str]: ...
 
-    def next_slot(self, target: Target, kind: ProbeKind) -> int: ...
+    def next_slot(self, target: Target, kind: ProbeKind, after: int = 0) -> int: ...
 
     def run_slot_now(self, target: Target, kind: ProbeKind, slot: int) -> None: ...
 
@@ -98,29 +101,39 @@ class ChangeWatcher:
             return
         kinds = change_kinds(target.spec.probes)
         for kind in kinds:
-            try:
-                await asyncio.to_thread(
-                    self._store.skip_slot,
-                    change.endpoint,
-                    kind.value,
-                    runs.next_slot(target, kind),
-                    self._replica,
-                )
-            except StoreError as exc:
-                log.warning("slot_not_skipped", endpoint=change.endpoint, error=str(exc))
             runs.run_slot_now(target, kind, -change.id)
         try:
             first = await asyncio.to_thread(self._store.mark_change_ran, change.id)
         except StoreError as exc:
             log.warning("change_not_marked", endpoint=change.endpoint, error=str(exc))
             return
-        if first:
-            log.info(
-                "change_canaries",
-                endpoint=change.endpoint,
-                change_id=change.id,
-                kinds=[k.value for k in kinds],
-            )
+        if not first:
+            return  # another replica started it too (its claims decide who runs each kind)
+        for kind in kinds:
+            await self._replace_next(change, target, kind, runs)
+        log.info(
+            "change_canaries",
+            endpoint=change.endpoint,
+            change_id=change.id,
+            kinds=[k.value for k in kinds],
+        )
+
+    async def _replace_next(
+        self, change: ChangeRecord, target: Target, kind: ProbeKind, runs: ChangeRuns
+    ) -> None:
+        """Mark the kind's next free scheduled slot done: the change run is that run, early.
+        Only the replica that marked the change as run does this, so a change replaces one
+        scheduled run however many replicas saw it due."""
+        for after in range(SLOTS_TO_REPLACE):
+            slot = runs.next_slot(target, kind, after)
+            try:
+                if await asyncio.to_thread(
+                    self._store.skip_slot, change.endpoint, kind.value, slot, self._replica
+                ):
+                    return
+            except StoreError as exc:
+                log.warning("slot_not_skipped", endpoint=change.endpoint, error=str(exc))
+                return
 
     async def poll(self, runs: ChangeRuns, every: float = POLL_SECONDS) -> None:
         """Run changes whose gap has ended (or that another replica recorded)."""

@@ -189,11 +189,12 @@ class ProbeScheduler:
     def endpoints(self) -> list[str]:
         return list(self._targets)
 
-    def next_slot(self, target: Target, kind: ProbeKind) -> int:
-        """The first slot of ``kind`` that is not yet due (a change run takes its place)."""
+    def next_slot(self, target: Target, kind: ProbeKind, after: int = 0) -> int:
+        """The first slot of ``kind`` not yet due (``after`` > 0: that many slots later); a
+        change run takes its place."""
         interval = target.spec.interval_for(kind)
         phase = phase_ms(target.spec.name, kind.value, interval)
-        due = next_slot_start(self._clock().timestamp(), interval, phase)
+        due = next_slot_start(self._clock().timestamp(), interval, phase) + after * interval
         return slot_for(due, interval, phase)
 
     async def watch_changes(self) -> None:

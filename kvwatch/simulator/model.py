@@ -204,7 +204,7 @@ class EndpointState:
         # What the engine says about itself beyond window and pool: its release and when its
         # process started. PUT /NAME/_sim/fingerprint changes them, as a redeploy would.
         self.version = SIM_VERSION
-        self.started_at = float(int(time.time()))
+        self.started_at = round(time.time(), 3)
         self.deploys = 0
 
     def redeploy(self, version: str | None, *, restart: bool, now: float) -> None:
@@ -212,7 +212,7 @@ class EndpointState:
         if version is not None:
             self.version = version
         if restart:
-            self.started_at = float(int(now))
+            self.started_at = round(now, 3)
         self.deploys += 1
 
     @property
