@@ -17,6 +17,7 @@ BENCHMARKS = (
     "scale",
     "served",
     "memory",
+    "changes",
 )
 # Benchmarks whose main() takes its command-line options (the others take none).
 WITH_OPTIONS = ("history", "scale", "memory")
