@@ -40,7 +40,11 @@ from bench.machine import describe
 from kvwatch.canary.model import ProbeKind
 from kvwatch.canary.spend import DAY, RunShape, fit_budget, run_tokens
 from kvwatch.changes import ChangeWatcher
-from kvwatch.config.resolve import CAPACITY_INTERVAL_SECONDS, default_jitter
+from kvwatch.config.resolve import (
+    CAPACITY_INTERVAL_SECONDS,
+    CAPACITY_JITTER_SECONDS,
+    default_jitter,
+)
 from kvwatch.daemon import build
 from kvwatch.fingerprint import run_after
 from kvwatch.phase import next_slot_start, phase_ms, slot_for
@@ -61,6 +65,7 @@ REDEPLOYS_PER_DAY = 3.0  # per endpoint, Poisson
 FAULTY_SHARE = 0.2  # of redeploys, the fault arriving with the change
 SILENT_FAULTS_PER_DAY = 0.3  # per endpoint: faults that arrive with no fingerprint change
 KINDS = (ProbeKind.UNDER, ProbeKind.OVER, ProbeKind.BASELINE)
+KIND_NAMES = [k.value for k in KINDS]
 CATCHER = ProbeKind.OVER  # the kind whose run sees the simulated fault
 GAP = 600.0  # on_change_min_gap's default
 SHAPE = RunShape(
@@ -92,15 +97,12 @@ async def measured(tmp: Path, am_url: str) -> tuple[list[float], list[float]]:
     async with run_simulator(sims) as sim, httpx.AsyncClient() as client:
         entries = [
             sim_endpoint_entry(
-                sim,
-                n,
-                flavour="vllm",
-                interval="1h",
-                jitter="0s",
-                probes=["capacity", "under", "over", "baseline"],
+                sim, n, flavour="vllm", interval="1h", probes=["capacity", *KIND_NAMES]
             )
             for n in names
         ]
+        for entry in entries:
+            del entry["jitter"]  # the defaults' jitters, as deployed
         config = config_for(
             entries,
             database=f"sqlite:///{tmp / 'changes.db'}",
@@ -230,11 +232,11 @@ def change_runs(
     for t, faulty in ep.redeploys:
         # The next capacity check sees the new fingerprint (this replica's own run of it).
         seen = next_slot_start(t, CAPACITY_INTERVAL_SECONDS, cap_phase) + rng.uniform(
-            0, default_jitter(CAPACITY_INTERVAL_SECONDS)
+            0, CAPACITY_JITTER_SECONDS
         )
         last = None if ep.last_change_run is None else _at(ep.last_change_run)
         starts = run_after(_at(seen), last, GAP).timestamp()
-        held += starts > seen
+        held += starts > seen + 0.001  # datetimes hold microseconds
         ep.last_change_run = starts
         # It replaces the catcher's first free scheduled slot among the next few.
         due = next_slot_start(starts, interval, catcher_phase)

@@ -32,6 +32,9 @@ DEFAULT_JITTER_FRACTION = 0.1
 # often enough to see a redeploy within a minute; an endpoint probed more often than that
 # keeps its shorter interval.
 CAPACITY_INTERVAL_SECONDS = 60.0
+# Its jitter, unless written: the check is how soon a redeploy is seen, so the minute goes to
+# seeing it; the hashed phase (kvwatch.phase) already spreads a fleet's checks over it.
+CAPACITY_JITTER_SECONDS = 1.0
 
 
 def default_jitter(interval_seconds: float) -> float:
@@ -282,13 +285,14 @@ def kind_intervals(
 
 
 def kind_jitter(kind: ProbeKind, interval: float, written: float | None, explicit: bool) -> float:
-    """The jitter of one kind: the written one, except where the capacity check runs at its
-    implicit one-minute pace, which a jitter written for 15-minute canaries must not exceed
-    (it stays at the default fraction of that minute)."""
+    """The jitter of one kind: the written one, else the default for its interval; the
+    capacity check at its implicit one-minute pace keeps at most CAPACITY_JITTER_SECONDS
+    (a jitter written for 15-minute canaries must not delay seeing a redeploy)."""
+    if kind is ProbeKind.CAPACITY and not explicit:
+        cap = min(CAPACITY_JITTER_SECONDS, default_jitter(interval))
+        return cap if written is None else min(cap, written)
     if written is None:
         return default_jitter(interval)
-    if kind is ProbeKind.CAPACITY and not explicit:
-        return min(written, default_jitter(interval))
     return written
 
 

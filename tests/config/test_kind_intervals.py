@@ -24,7 +24,7 @@ def test_the_capacity_check_runs_every_minute_while_the_canaries_keep_the_interv
     assert spec.interval_for(ProbeKind.CAPACITY) == 60.0
     assert spec.interval_for(ProbeKind.UNDER) == 900.0
     assert spec.interval_for(ProbeKind.EDGE) == 60.0
-    assert spec.jitter_for(ProbeKind.CAPACITY) == 6.0
+    assert spec.jitter_for(ProbeKind.CAPACITY) == 1.0
     assert spec.jitter_for(ProbeKind.UNDER) == 30.0
     assert spec.explicit_intervals == frozenset()
 
@@ -54,7 +54,9 @@ def test_per_kind_intervals_win_over_interval_and_the_endpoint_wins_over_default
 
 
 def test_a_written_jitter_is_kept_below_the_implicit_one_minute_capacity_interval() -> None:
-    """jitter: 2m with 15 min canaries is valid: the minute-long capacity check keeps 6 s."""
+    """jitter: 2m with 15 min canaries is valid: the minute-long capacity check keeps 1 s,
+    and a written jitter of 0s applies to it too."""
     spec = spec_of("defaults:\n  jitter: 2m\n" + ENDPOINT)
     assert spec.jitter_for(ProbeKind.UNDER) == 120.0
-    assert spec.jitter_for(ProbeKind.CAPACITY) == 6.0
+    assert spec.jitter_for(ProbeKind.CAPACITY) == 1.0
+    assert spec_of("defaults:\n  jitter: 0s\n" + ENDPOINT).jitter_for(ProbeKind.CAPACITY) == 0.0
