@@ -52,6 +52,8 @@ MAX_CONCURRENT_PROBES = 100
 # the job's interval, and no less than ``first_run_within``): a thousand endpoints must not
 # all send their first canary in the same ten seconds.
 FIRST_RUNS_PER_SECOND = 10.0
+# Refused runs kept per job while its run goes on (see ProbeScheduler._deferred).
+MAX_DEFERRED = 3
 
 
 class SlotTrigger(IntervalTrigger):  # type: ignore[misc]
@@ -120,10 +122,11 @@ class ProbeScheduler:
         # When each submitted run was due: APScheduler knows but does not pass it to the job.
         # The listener runs before the job's task does, so the job finds its own entry.
         self._due: dict[str, datetime] = {}
-        # A run APScheduler refused because the job's previous run still goes on (a probe
-        # that outlasts its interval, or waits for its endpoint's other probes): its due time,
-        # run once the previous run ends, so that slot is not silently lost.
-        self._deferred: dict[str, datetime] = {}
+        # Runs APScheduler refused because the job's previous run still went on (a probe that
+        # outlasts its interval, or waits for its endpoint's other probes): their due times,
+        # run once the previous run ends, so those slots are not silently lost (under load a
+        # replica lost dozens of a thousand slots that way). At most MAX_DEFERRED per job.
+        self._deferred: dict[str, list[datetime]] = {}
         self._scheduler.add_listener(self._submitted, EVENT_JOB_SUBMITTED)
         self._scheduler.add_listener(self._refused, EVENT_JOB_MAX_INSTANCES)
 
@@ -133,7 +136,13 @@ class ProbeScheduler:
 
     def _refused(self, event: JobSubmissionEvent) -> None:
         if event.scheduled_run_times:
-            self._deferred[event.job_id] = max(event.scheduled_run_times)
+            waiting = self._deferred.setdefault(event.job_id, [])
+            waiting.append(max(event.scheduled_run_times))
+            if len(waiting) > MAX_DEFERRED:
+                # A run that outlasts this many intervals: the oldest slots are another
+                # replica's to run, or lost; their claims (none) say so to the sweep.
+                log.warning("run_coalesced", job=event.job_id, slots=len(waiting) - MAX_DEFERRED)
+                del waiting[:-MAX_DEFERRED]
             log.info("run_deferred", job=event.job_id)
 
     def start(self, targets: Iterable[Target]) -> None:
@@ -344,15 +353,16 @@ class ProbeScheduler:
                     self._endpoint_gates.pop(target.spec.name, None)
 
     def _run_deferred(self, target: Target, kind: ProbeKind) -> None:
-        due = self._deferred.pop(job_id(target.spec.name, kind), None)
-        if due is None or kind not in self.kinds(target.spec.name):
+        waiting = self._deferred.pop(job_id(target.spec.name, kind), [])
+        if not waiting or kind not in self.kinds(target.spec.name):
             return
         if self._scheduler.state != STATE_RUNNING:  # paused for shutdown
             return
-        slot = self.slot_at(target, kind, due)
-        asyncio.get_running_loop().create_task(
-            self._run(target, kind, slot), name=f"deferred:{job_id(target.spec.name, kind)}"
-        )
+        for due in waiting:  # in order: the endpoint's gate runs them one after another
+            slot = self.slot_at(target, kind, due)
+            asyncio.get_running_loop().create_task(
+                self._run(target, kind, slot), name=f"deferred:{job_id(target.spec.name, kind)}"
+            )
 
     async def shutdown(self, grace: float) -> None:
         """Stop scheduling, give in-flight probes ``grace`` seconds, then interrupt them."""
