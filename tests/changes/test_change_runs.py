@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from datetime import timedelta
 
 import httpx
 from prometheus_client import CollectorRegistry
@@ -113,3 +114,59 @@ async def test_a_fingerprint_change_runs_each_boundary_kind_once_across_two_repl
 def _fingerprints(store: Store) -> int:
     with store.engine.connect() as c:
         return int(c.execute(text("SELECT count(*) FROM endpoint_fingerprints")).scalar_one())
+
+
+async def test_a_flapping_engine_runs_its_canaries_once_per_gap(db_url: str, store: Store) -> None:
+    """Three redeploys a second apart: the first change runs at once; the next is held and
+    superseded by the third, which runs when the 4 s gap ends, with its own change id."""
+    sim_endpoint = SimEndpoint("glm", window=4096, flavour=Flavour.VLLM)
+    async with run_simulator([sim_endpoint]) as sim, httpx.AsyncClient() as client:
+        entry = sim_endpoint_entry(
+            sim,
+            "glm",
+            flavour="vllm",
+            probes=["capacity", "baseline"],
+            baseline_tokens=256,
+            interval="1h",
+            intervals={"capacity": "1s"},
+            on_change_min_gap="4s",
+        )
+        config = config_for([entry], database=db_url)
+        r_store, _, targets, scheduler = replica(config, db_url, client, "r1")
+        scheduler.start(targets)
+        poll = asyncio.create_task(scheduler.watch_changes())
+        try:
+            await until("a first fingerprint", lambda: _fingerprints(store) == 1)
+            for version in ("2", "3", "4"):
+                await client.put(f"{sim.base_url}/glm/_sim/fingerprint", json={"version": version})
+                await until(
+                    f"version {version} seen",
+                    lambda v=version: any(
+                        c.after.get("version") == v for c in store.list_changes("glm")
+                    ),
+                )
+            first, held, last = sorted(store.list_changes("glm"), key=lambda c: c.id)
+            await until(
+                "the held change's run", lambda: store.list_changes("glm")[0].state == "ran", 20
+            )
+            runs = await until(
+                "two change runs",
+                lambda: (
+                    [p for p in store.list_probes(endpoint="glm", limit=100) if p.change_id]
+                    if len([p for p in store.list_probes(endpoint="glm", limit=100) if p.change_id])
+                    >= 2
+                    else None
+                ),
+            )
+        finally:
+            poll.cancel()
+            await scheduler.shutdown(5)
+            r_store.engine.dispose()
+    states = {c.id: c for c in store.list_changes("glm")}
+    assert [states[c.id].state for c in (first, held, last)] == ["ran", "superseded", "ran"]
+    assert first.ran_at is not None
+    # Both later changes were due only when the gap since the first run ended.
+    assert held.due_at >= first.ran_at + timedelta(seconds=4) > held.at
+    assert last.due_at >= first.ran_at + timedelta(seconds=4)
+    assert states[last.id].ran_at >= first.ran_at + timedelta(seconds=4)
+    assert sorted(p.change_id for p in runs) == [first.id, last.id]
