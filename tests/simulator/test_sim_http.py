@@ -282,6 +282,31 @@ async def test_the_control_api_switches_a_fault_at_runtime(start: Start) -> None
     assert (await client.post(chat_url("a"), json=chat_body(500))).status_code == 200
 
 
+async def test_the_control_api_redeploys_an_endpoints_self_report_and_fault_at_once(
+    start: Start,
+) -> None:
+    """PUT /NAME/_sim/fingerprint changes the version vLLM reports and its process start,
+    and with ``fault`` the fault in the same step; a bad body is a 400."""
+    _, client = await start([SimEndpoint("a")])
+    before = (await client.get("/a/metrics")).text
+    assert (await client.get("/a/version")).json() == {"version": "0.0.0-kvwatch-sim"}
+    redeployed = await client.put(
+        "/a/_sim/fingerprint", json={"version": "0.12.0", "fault": "throttled"}
+    )
+    body = redeployed.json()
+    assert (body["version"], body["fault"]) == ("0.12.0", "throttled")
+    assert (await client.get("/a/version")).json() == {"version": "0.12.0"}
+    after = (await client.get("/a/metrics")).text
+    start_line = [line for line in after.splitlines() if line.startswith("process_start_time")]
+    assert start_line == [f"process_start_time_seconds {body['started_at']}"]
+    assert start_line[0] not in before.splitlines()  # a new process
+    assert (await client.post(chat_url("a"), json=chat_body(500))).status_code == 429
+    same_process = await client.put("/a/_sim/fingerprint", json={"restart": False})
+    assert same_process.json()["started_at"] == body["started_at"]
+    bad = await client.put("/a/_sim/fingerprint", json={"version": 12})
+    assert bad.status_code == 400
+
+
 async def test_stats_count_prefilled_tokens_and_rejections_separately(start: Start) -> None:
     """Rejected requests add no prefilled tokens; served ones add their prompt tokens."""
     _, client = await start([SimEndpoint("a", window=4096), SimEndpoint("b")])
