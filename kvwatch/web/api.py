@@ -86,6 +86,7 @@ def build_api(ctx: WebContext) -> APIRouter:
     queries = HistoryQueries(ctx.store)
     # Registered in this order, which is the order of the OpenAPI document's paths.
     _endpoint_routes(router, ctx, queries)
+    _change_routes(router, ctx, queries)
     _probe_routes(router, ctx, queries)
     _alert_routes(router, ctx, queries)
     return router
@@ -139,6 +140,10 @@ def _endpoint_routes(router: APIRouter, ctx: WebContext, queries: HistoryQueries
         if queries.endpoint(name) is None:
             raise HTTPException(status_code=404, detail=f"no endpoint named {name!r}")
         return schemas.summary(queries.summary(name, start, end))
+
+
+def _change_routes(router: APIRouter, ctx: WebContext, queries: HistoryQueries) -> None:
+    """``/endpoints/{name}/changes``: what the endpoint's self-report said changed."""
 
     @router.get(
         "/endpoints/{name}/changes",
