@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import cast
 
 from sqlalchemy import (
     ColumnElement,
     Table,
+    and_,
     bindparam,
+    or_,
     select,
     update,
 )
@@ -127,13 +129,18 @@ class SlotClaims(StoreBase):
         )
 
     def expired_slots(self, since_slot: int) -> list[tuple[str, str, int]]:
-        """This region's slots from ``since_slot`` on whose claim expired before they ran."""
+        """This region's slots from ``since_slot`` on whose claim expired before they ran,
+        and the change runs (slot ``-change_id``) claimed since then that did the same."""
         now = self._now()
+        since = datetime.fromtimestamp(since_slot, tz=UTC)
         query = select(ProbeSlot.endpoint, ProbeSlot.kind, ProbeSlot.slot).where(
             ProbeSlot.region == self._region_key,
             ProbeSlot.done.is_(False),
             ProbeSlot.expires_at < now,
-            ProbeSlot.slot >= since_slot,
+            or_(
+                ProbeSlot.slot >= since_slot,
+                and_(ProbeSlot.slot < 0, ProbeSlot.claimed_at >= since),
+            ),
         )
         with self._errors("could not list expired slots"), self._sessions() as s:
             return [(e, k, int(t)) for e, k, t in s.execute(query)]

@@ -93,3 +93,21 @@ def test_a_skipped_slot_cannot_be_claimed_by_a_replica_afterwards(store: Store) 
     assert store.skip_slot("glm", "under", 1_800_000_000, "r1") is True
     assert store.skip_slot("glm", "under", 1_800_000_000, "r2") is False
     assert store.claim_slot("glm", "under", 1_800_000_000, "r2", ttl=60) is False
+
+
+def test_a_change_run_whose_replica_died_is_swept_like_a_scheduled_slot(
+    db_url: str, store: Store
+) -> None:
+    """A change run's claim (slot -change_id) that expired undone is listed for a retry
+    while recent, as a scheduled slot's is; an old one is not."""
+    clock = Clock()
+    r1 = replica_store(db_url, clock)
+    try:
+        assert r1.claim_slot("glm", "under", -7, "r1", ttl=30)
+        clock.now = T0 + timedelta(minutes=1)
+        since = int((T0 - timedelta(minutes=5)).timestamp())
+        assert r1.expired_slots(since) == [("glm", "under", -7)]
+        later = int((T0 + timedelta(seconds=1)).timestamp())
+        assert r1.expired_slots(later) == []
+    finally:
+        r1.engine.dispose()
