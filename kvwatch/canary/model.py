@@ -146,6 +146,11 @@ class Exchange:
     finish_reason: str | None = None
     prompt_tokens: int | None = None  # usage reported by the engine
     completion_tokens: int | None = None
+    # Prompt tokens the engine says it served from its prefix cache: OpenAI-compatible
+    # ``usage.prompt_tokens_details.cached_tokens``, Anthropic ``cache_read_input_tokens``.
+    # None when the engine did not say (vLLM omits the details unless started with
+    # --enable-prompt-tokens-details, and when nothing was cached): absent is not 0.
+    cached_prompt_tokens: int | None = None
     # The first usage count the engine sent that is no token count (negative, fractional, a
     # string, a bool, past any window), as "<field> <value as sent>"; its count is then None.
     unusable_usage: str | None = None
