@@ -138,6 +138,8 @@ class ProbeRow:
     trigger_probe_id: int | None = None  # a bisect probe's trigger (the failing probe)
     depths: tuple[DepthEvidence, ...] = ()  # empty for a single-marker probe
     trace_id: str | None = None  # the trace its requests carried; None: off, or older rows
+    # Prompt tokens the engine said it served from its cache; None: not said, or older rows.
+    cached_prompt_tokens: int | None = None
     burst: tuple[BurstRequest, ...] = ()  # per request of a burst probe, once judged
 
 
