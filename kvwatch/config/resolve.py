@@ -14,6 +14,7 @@ from typing import TypeVar
 from pydantic import SecretStr
 
 from kvwatch.canary.burst import DEFAULT_PROMPT_TOKENS, DEFAULT_SIZES
+from kvwatch.canary.cache import DEFAULT_DOCUMENT_TOKENS
 from kvwatch.canary.model import ProbeKind
 from kvwatch.config.sections import Defaults, Endpoint, EndpointSettings
 
@@ -74,6 +75,10 @@ class EndpointSpec:
     # The burst probe: requests at once, cycle after cycle in turn, and each one's prompt.
     burst_sizes: tuple[int, ...] = DEFAULT_SIZES
     burst_prompt_tokens: int = DEFAULT_PROMPT_TOKENS
+    # The cache probe: the planted document's size, and the age at which a document is asked
+    # about again (None: no returning session).
+    cache_document_tokens: int = DEFAULT_DOCUMENT_TOKENS
+    cache_return_after: float | None = None
 
     @property
     def default_tenant(self) -> TenantSpec | None:
@@ -106,6 +111,7 @@ def resolve_settings(
     interval = _pick(endpoint.interval, defaults.interval)
     jitter = endpoint.jitter if endpoint.jitter is not None else defaults.jitter
     burst = _pick(endpoint.burst, defaults.burst)
+    cache = _pick(endpoint.cache, defaults.cache)
     api_key = endpoint.api_key
     if endpoint.api_key_file is not None:
         api_key = endpoint.api_key_file.value
@@ -133,6 +139,8 @@ def resolve_settings(
         labels=MappingProxyType(dict(endpoint.labels)),
         burst_sizes=tuple(burst.sizes),
         burst_prompt_tokens=burst.prompt_tokens,
+        cache_document_tokens=cache.document_tokens,
+        cache_return_after=cache.return_after,
         tenants=tuple(
             TenantSpec(
                 name=tenant.name,

@@ -44,6 +44,8 @@ from kvwatch.store.records import (
     ProbeRow,
     burst_from_json,
     burst_to_json,
+    cache_from_json,
+    cache_to_json,
     depths_from_json,
     depths_to_json,
     foreign_marker_from_json,
@@ -355,6 +357,7 @@ def probe_row(row: Probe) -> ProbeRow:
         depths=depths_from_json(row.depth_outcomes),
         trace_id=row.trace_id,
         burst=burst_from_json(row.depth_outcomes),
+        cache=cache_from_json(row.depth_outcomes),
     )
 
 
@@ -432,10 +435,18 @@ def _outcome_values(r: ProbeOutcome) -> dict[str, Any]:
         "marker_depth": r.marker_depth,
         "token_source": r.token_source,
         # Without an answer the planned markers (written at the start) stay as they are.
-        "depth_outcomes": (
-            burst_to_json(r.burst) if r.burst else depths_to_json(r.depths) if r.depths else None
-        ),
+        "depth_outcomes": _evidence(r),
     }
+
+
+def _evidence(r: ProbeOutcome) -> list[dict[str, Any]] | None:
+    """The per-marker evidence column: a burst's requests, a cache probe's steps, or one
+    entry per depth."""
+    if r.burst:
+        return burst_to_json(r.burst)
+    if r.cache:
+        return cache_to_json(r.cache)
+    return depths_to_json(r.depths) if r.depths else None
 
 
 def _outcome_params(r: ProbeOutcome) -> dict[str, Any]:

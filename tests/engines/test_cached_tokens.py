@@ -96,7 +96,9 @@ async def test_a_cached_count_the_engine_did_not_send_stays_none(
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_reported_zero_is_kept_as_zero(stream: bool) -> None:
     """llama.cpp reports 0 cached tokens on a miss: a fact, unlike an absent count."""
-    raw, kind = _openai({"prompt_tokens": 30, "prompt_tokens_details": {"cached_tokens": 0}}, stream)
+    raw, kind = _openai(
+        {"prompt_tokens": 30, "prompt_tokens_details": {"cached_tokens": 0}}, stream
+    )
     assert (await _chat("llamacpp", raw, kind, stream=stream)).cached_prompt_tokens == 0
 
 
@@ -120,6 +122,7 @@ async def test_hanging_up_after_the_first_chunk_keeps_what_arrived() -> None:
     """The abort step's request: the stream is left after its first chunk, unterminated."""
     first = {"choices": [{"index": 0, "delta": {"content": "The"}}]}
     rest = {"choices": [{"index": 0, "delta": {"content": " code"}, "finish_reason": "stop"}]}
+
     # The mock transport delivers the body as one chunk per frame yielded below.
     class Frames(httpx.AsyncByteStream):
         async def __aiter__(self):  # type: ignore[no-untyped-def]
