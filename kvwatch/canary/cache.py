@@ -64,6 +64,10 @@ KEYS: tuple[str, ...] = (
 STEPS: tuple[str, ...] = ("cold", "warm", "branch", "abort", "reuse")
 CACHED_STEPS = frozenset({"warm", "branch", "reuse", "return"})
 
+# Planted documents kept per endpoint for the returning session: bounded, so an interval far
+# shorter than return_after cannot grow the daemon's memory.
+KEPT_DOCUMENTS = 16
+
 _Make = Callable[..., Judgement]
 
 
