@@ -593,6 +593,20 @@ def _burst_lines(requests: Any) -> list[str]:
     return lines
 
 
+def _cache_lines(steps: Any) -> list[str]:
+    """A cache probe's steps, one line each: what it asked, how much the cache served, and
+    whether the right code came back."""
+    lines = []
+    for c in steps:
+        cached = "-" if c.cached_tokens is None else f"{c.cached_tokens:,}"
+        gave = f", gave the code of {', '.join(c.answered)}" if c.answered else ""
+        lines.append(
+            f"  step {c.step:<8} {c.document:<4} {c.key:<8} cached {cached:>6} "
+            f"{c.outcome.upper()}{gave}" + (f" ({c.detail})" if c.detail else "")
+        )
+    return lines
+
+
 def _probe_text(p: Any) -> str:
     """``kvwatch show`` as text: one labelled line per piece of evidence."""
 
@@ -623,6 +637,7 @@ def _probe_text(p: Any) -> str:
     if p.lost:
         lines.append(f"  lost:          {p.lost}")
     lines += _burst_lines(p.burst)
+    lines += _cache_lines(p.cache)
     for f in p.foreign_markers:
         lines.append(
             f"  LEAKED MARKER: {f.marker} of probe {f.probe_id} ({f.endpoint}, "
