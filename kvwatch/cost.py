@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvwatch.canary.burst import ANSWER_TOKENS, cycle_prompt_tokens
+from kvwatch.canary.cache import cycle_tokens
 from kvwatch.canary.model import ProbeKind
 from kvwatch.canary.sizing import AcceptanceRule, target_prompt_tokens
 from kvwatch.config import EndpointSpec
@@ -31,6 +32,10 @@ class ProbeCost:
     probes_per_day: float
     prefill_tokens_per_day: float | None
     completion_tokens_per_day: float
+    # The cache probe: prompt tokens per cycle the engine should serve from its prefix cache
+    # (not prefilled again), and the age of the document its returning session asks about.
+    cached_prompt_tokens: int | None = None
+    returning_after_seconds: float | None = None
 
 
 def rule_for(flavour: str) -> AcceptanceRule:
@@ -55,6 +60,9 @@ def plan_costs(specs: list[EndpointSpec]) -> list[ProbeCost]:
                 continue
             if kind is ProbeKind.BURST:
                 costs.append(_burst_cost(spec, per_day))
+                continue
+            if kind is ProbeKind.CACHE:
+                costs.append(_cache_cost(spec, per_day))
                 continue
             tokens = None
             if spec.context_window is not None:
@@ -99,4 +107,21 @@ def _burst_cost(spec: EndpointSpec, per_day: float) -> ProbeCost:
         probes_per_day=per_day,
         prefill_tokens_per_day=tokens * per_day,
         completion_tokens_per_day=requests * ANSWER_TOKENS * per_day,
+    )
+
+
+def _cache_cost(spec: EndpointSpec, per_day: float) -> ProbeCost:
+    """A cache cycle: five requests about planted documents (six with a returning session),
+    most of their prompt served from the engine's prefix cache, which is not prefilled."""
+    cycle = cycle_tokens(spec.cache_document_tokens, returning=spec.cache_return_after is not None)
+    return ProbeCost(
+        endpoint=spec.name,
+        kind=ProbeKind.CACHE,
+        interval_seconds=spec.interval_seconds,
+        prompt_tokens=cycle.prompt,
+        probes_per_day=per_day,
+        prefill_tokens_per_day=(cycle.prompt - cycle.cached) * per_day,
+        completion_tokens_per_day=cycle.completion * per_day,
+        cached_prompt_tokens=cycle.cached,
+        returning_after_seconds=spec.cache_return_after,
     )

@@ -121,6 +121,33 @@ class Ask:
         return (Message("user", text),)
 
 
+@dataclass(frozen=True, slots=True)
+class CycleTokens:
+    """What one cache cycle sends, by kvwatch's plan (the engine's counts are stored)."""
+
+    requests: int
+    prompt: int  # every step's prompt
+    cached: int  # of which an engine with prefix caching should serve from its cache
+    completion: int  # answer tokens at most
+
+
+def cycle_tokens(document_tokens: int, *, returning: bool) -> CycleTokens:
+    """A cycle's tokens with no control step (sent only after a wrong answer): five steps
+    about documents of ``document_tokens`` (and a returning one). Warm and reuse can be
+    served whole from the cache, the branch up to where A' parts from A, a returning document
+    whole if the cache still holds it; cold and abort are fresh. The abort step's answer is
+    cut after its first chunk."""
+    steps = len(STEPS) + (1 if returning else 0)
+    shared = FACT_DEPTHS[BRANCH_AT]
+    cached = document_tokens * (2 + shared + (1 if returning else 0))
+    return CycleTokens(
+        requests=steps,
+        prompt=steps * document_tokens,
+        cached=round(cached),
+        completion=(steps - 1) * ANSWER_TOKENS + 1,
+    )
+
+
 def fits(document_tokens: int, window: int) -> bool:
     """Whether a request about a document of ``document_tokens`` leaves its answer room."""
     return document_tokens + ANSWER_TOKENS <= window

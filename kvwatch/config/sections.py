@@ -181,13 +181,6 @@ class Cache(_Strict):
             raise invalid(f"must be a whole number of at least {MIN_DOCUMENT_TOKENS} tokens")
         return tokens
 
-    @field_validator("return_after")
-    @classmethod
-    def _return_after(cls, after: float | None) -> float | None:
-        if after is not None and after <= 0:
-            raise invalid("must be a positive duration like 30m")
-        return after
-
 
 class Defaults(_Strict):
     interval: Duration = 900.0
