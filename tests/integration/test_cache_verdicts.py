@@ -14,6 +14,8 @@ import httpx
 import pytest
 
 from kvwatch.canary.model import CacheOutcome, ProbeKind, ProbeState, Verdict
+from kvwatch.demo import demo_config
+from kvwatch.simulator.fleet import demo_fleet
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, Flavour, SimEndpoint
 from kvwatch.store.repository import Store
@@ -153,3 +155,27 @@ async def test_the_returning_session_asks_an_earlier_documents_fact(rig):
     assert row is not None and row.cache[-1].step == "return"
     assert row.cache[-1].outcome is CacheOutcome.RIGHT
     assert row.cache[-1].cached_tokens is not None and row.cache[-1].cached_tokens > 400
+
+
+async def test_the_demo_runs_the_cache_probe_on_its_cache_endpoints(store):
+    """Zero-config demo: healthy passes, prefix-collision and abort-reuse are cache_corrupt
+    (confirmed), prefix-cache-off is cache_not_exercised; the others keep their probes."""
+    names = ("healthy", "prefix-collision", "abort-reuse", "prefix-cache-off", "stale-kv")
+    fleet = [ep for ep in demo_fleet() if ep.name in names]
+    async with run_simulator(fleet) as sim, httpx.AsyncClient(timeout=None) as client:
+        urls = {
+            ep.name: (sim.url_for(ep.name), ep.model, ep.window, ep.flavour.value) for ep in fleet
+        }
+        config = demo_config(urls, "sqlite:///unused.db")
+        targets, runner, _ = targets_and_runner(config, store, client)
+        verdicts = {
+            name: [r.verdict for r in await runner.run_checked(targets[name], CACHE)]
+            for name in names[:4]
+        }
+    assert verdicts == {
+        "healthy": [Verdict.PASS],
+        "prefix-collision": [Verdict.CACHE_CORRUPT, Verdict.CACHE_CORRUPT],
+        "abort-reuse": [Verdict.CACHE_CORRUPT, Verdict.CACHE_CORRUPT],
+        "prefix-cache-off": [Verdict.CACHE_NOT_EXERCISED],
+    }
+    assert CACHE not in targets["stale-kv"].spec.probes
