@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvwatch.canary import filler
+from kvwatch.canary.markers import canonical
 from kvwatch.canary.model import (
     CacheOutcome,
     CacheStep,
@@ -244,14 +245,16 @@ def step_of(s: Sent, codes: Mapping[str, str]) -> CacheStep:
     if failure is not None:
         return dataclasses.replace(base, detail=failure[1])
     found = scan.recalled(ask.expected)
-    others = tuple(
-        where for code, where in codes.items() if code != ask.expected and scan.recalled(code)
-    )
+    given = first_code(scan, codes)
+    # The answer is the first code of the cycle it gives: a small model goes on listing the
+    # document's other facts after answering (Gemma 3 270M does), which is chatter, not a
+    # wrong answer. A cache serving wrong pages changes the first code.
+    others = () if given is None or given == canonical(ask.expected) else (codes_at(codes)[given],)
     if scan.foreign:
         outcome = CacheOutcome.FOREIGN
     elif ask.step == "abort":
         outcome = CacheOutcome.ABORTED
-    elif found and not others:
+    elif given == canonical(ask.expected):
         outcome = CacheOutcome.RIGHT
     else:
         outcome = CacheOutcome.WRONG
@@ -262,6 +265,27 @@ def step_of(s: Sent, codes: Mapping[str, str]) -> CacheStep:
         answered=others,
         foreign=tuple(f.probe_id for f in scan.foreign),
     )
+
+
+def codes_at(codes: Mapping[str, str]) -> dict[str, str]:
+    """The cycle's codes by their canonical spelling, with where each was planted."""
+    return {canonical(code): where for code, where in codes.items()}
+
+
+def first_code(scan: AnswerScan, codes: Mapping[str, str]) -> str | None:
+    """The first code of the cycle the answer gives (canonical), or None."""
+    known = codes_at(codes)
+    return next((code for code in scan.seen if code in known), None)
+
+
+def warm_hit(step: CacheStep) -> bool:
+    """Whether the engine served the warm step from its cache: at least half its prompt (it
+    shares all but its question with the cold step). A few tokens cached, as llama.cpp reports
+    for an SWA model (Gemma 3) without --swa-full, are the chat template's, not the
+    document's."""
+    if not step.cached_tokens:
+        return False
+    return step.prompt_tokens is None or 2 * step.cached_tokens >= step.prompt_tokens
 
 
 def failure_of(ex: Exchange, *, aborted: bool = False) -> tuple[Verdict, str] | None:
@@ -336,8 +360,13 @@ def judge_cache(
     if wrong is not None:
         return wrong
     warm = next(s for s in steps if s.step == "warm")
-    if not warm.cached_tokens:
-        said = "reported no cached tokens" if warm.cached_tokens is None else "served 0 from it"
+    if not warm_hit(warm):
+        said = (
+            "reported no cached tokens"
+            if warm.cached_tokens is None
+            else f"had {warm.cached_tokens} of its {warm.prompt_tokens} prompt tokens served "
+            "from it"
+        )
         return verdict(
             Verdict.CACHE_NOT_EXERCISED,
             f"every answer was right, but the warm step {said}: the prefix-cache path was not "

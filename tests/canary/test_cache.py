@@ -56,6 +56,7 @@ def _send(
         answer=answer,
         body_parsed=answer is not None,
         cached_prompt_tokens=None if ask.step == "cold" else cached,
+        prompt_tokens=600,
         streamed=ask.step == "abort",
     )
     return Sent(ask, ex, scan_answer(answer, own, foreign))
@@ -117,7 +118,15 @@ def test_a_cycle_answered_right_with_a_warm_hit_passes() -> None:
     ]
 
 
-@pytest.mark.parametrize(("cached", "said"), [(None, "reported no cached tokens"), (0, "0")])
+@pytest.mark.parametrize(
+    ("cached", "said"),
+    [
+        (None, "reported no cached tokens"),
+        (0, "had 0 of its 600 prompt tokens served"),
+        # llama.cpp on an SWA model without --swa-full: the template's few tokens only.
+        (6, "had 6 of its 600 prompt tokens served"),
+    ],
+)
 def test_a_warm_step_with_no_cache_hit_did_not_exercise_the_cache(
     cached: int | None, said: str
 ) -> None:
@@ -219,3 +228,25 @@ def test_a_returning_document_is_asked_a_fact_it_was_not_asked_before() -> None:
     old: Document = draw_document(random.Random(5), "earlier", _codes(4), 400)
     ask = returning(old)
     assert (ask.step, ask.key, ask.expected) == ("return", old.facts[1][0], old.facts[1][1])
+
+
+def test_codes_listed_after_the_right_one_are_chatter_not_a_wrong_answer() -> None:
+    """The first code of the cycle the answer gives is its answer; a small model that goes
+    on listing the document's other facts still answered right."""
+    asks, codes = _cycle()
+    warm = asks[1]
+    other = asks[0].expected
+    sent = _send(warm, f"The code is {warm.expected}.\nThe code is {other}.", codes=codes)
+    step = step_of(sent, codes)
+    assert (step.outcome, step.answered) == (CacheOutcome.RIGHT, ())
+
+
+def test_the_first_code_given_decides_even_when_the_right_one_follows() -> None:
+    """Another fact's code first, the asked one after: wrong, naming the code given."""
+    asks, codes = _cycle()
+    warm = asks[1]
+    first = asks[0]
+    sent = _send(warm, f"{first.expected} or maybe {warm.expected}", codes=codes)
+    step = step_of(sent, codes)
+    assert step.outcome is CacheOutcome.WRONG
+    assert step.answered == (f"A {first.key}",) and step.code_found
