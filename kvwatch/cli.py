@@ -189,7 +189,8 @@ _CACHE_REPORTING = {
     "--disable-radix-cache) but reports cached_tokens only when started with "
     "--enable-cache-report",
     "llamacpp": "llama.cpp's server caches the prompt by default (cache_prompt) and reports "
-    "usage.prompt_tokens_details.cached_tokens",
+    "usage.prompt_tokens_details.cached_tokens; a model with sliding-window layers (Gemma 3) "
+    "reuses a prefix only with --swa-full",
     "anthropic": "Anthropic reads its prompt cache only for blocks marked cache_control, which "
     "kvwatch does not send: expect cache_not_exercised",
 }
