@@ -36,6 +36,7 @@ from kvwatch.simulator.model import (
     BATCH_STEP_SECONDS,
     Answer,
     ChatRequest,
+    EndpointState,
     Reject,
     Simulation,
     StreamFailure,
@@ -183,26 +184,28 @@ async def chat_completions(request: Request) -> Response:
     finally:
         asyncio.get_running_loop().call_later(BATCH_STEP_SECONDS, state.leave, flight)
 
+    return _served(state, chat, decision, include_usage)
+
+
+def _served(
+    state: EndpointState, chat: ChatRequest, decision: Answer | StreamFailure, include_usage: bool
+) -> Response:
+    """The response that renders what the engine decided: a stream or a completion."""
+    model = state.spec.model
     if isinstance(decision, StreamFailure):
-        return StreamingResponse(
-            _failing_stream(spec.model, decision), media_type="text/event-stream"
-        )
+        return StreamingResponse(_failing_stream(model, decision), media_type="text/event-stream")
     if chat.stream and state.fault is FaultMode.ABORT_REUSE:
         # The engine decodes a token a step, so a client's disconnect lands mid-answer; the
         # request's pages are completed only if its answer is.
         stream = _answer_stream(
-            spec.model,
-            decision,
-            include_usage,
-            DECODE_STEP_SECONDS,
-            partial(state.complete_pages, chat),
+            model, decision, include_usage, DECODE_STEP_SECONDS, partial(state.complete_pages, chat)
         )
         return StreamingResponse(stream, media_type="text/event-stream")
     if chat.stream:
         return StreamingResponse(
-            _answer_stream(spec.model, decision, include_usage), media_type="text/event-stream"
+            _answer_stream(model, decision, include_usage), media_type="text/event-stream"
         )
-    return JSONResponse(_completion(spec.model, decision))
+    return JSONResponse(_completion(model, decision))
 
 
 async def tokenize(request: Request) -> Response:

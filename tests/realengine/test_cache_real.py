@@ -68,7 +68,8 @@ async def test_the_warm_step_is_a_real_cache_hit_on_llama_server_with_swa_full(
     assert row is not None
     steps = {s.step: s for s in row.cache}
     answers = [(s.step, s.answer) for s in row.cache]
-    assert all(s.cached_tokens is not None for s in row.cache), answers  # llama.cpp reports
+    # llama.cpp reports on every answer; the abort step hung up before its usage came.
+    assert all(s.cached_tokens is not None for s in row.cache if s.step != "abort"), answers
     cold, warm, branch, reuse = steps["cold"], steps["warm"], steps["branch"], steps["reuse"]
     assert (cold.cached_tokens or 0) < (cold.prompt_tokens or 0) // 4, cold
     assert warm_hit(warm) and warm_hit(reuse), (warm, reuse)
