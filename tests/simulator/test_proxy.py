@@ -258,14 +258,16 @@ async def test_batch_mix_that_mixes_one_answer_into_another_is_refused_in_proxy_
 
 
 async def test_prefix_collision_answers_the_cache_probe_from_the_earlier_document(rig: Rig) -> None:
-    """The proxy serves A's text past where the warm step and A' depart from it: the
-    upstream's real answers give A's codes, the control (no shared prefix) is right:
+    """The proxy serves earlier text past where A' departs from A: the upstream answers the
+    branch with another planted code; the control (no shared prefix) is right:
     cache_corrupt."""
     report = await rig.runner.run(rig.targets["collides"], ProbeKind.CACHE)
     assert report.verdict is Verdict.CACHE_CORRUPT, report.reason
     row = get_probe(rig.runner.store, report.probe_id)
     assert row is not None
     steps = {s.step: s for s in row.cache}
-    assert steps["warm"].answered == (f"A {steps['cold'].key}",)
+    assert steps["cold"].outcome.value == "right"
+    # Which earlier code it gives depends on where the blocks fall: always another one.
+    assert steps["branch"].outcome.value == "wrong" and steps["branch"].answered
     assert steps["control"].outcome.value == "right"
-    assert rig.proxy.stats()["collides"]["injected"] >= 2
+    assert rig.proxy.stats()["collides"]["injected"] >= 1
