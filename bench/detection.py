@@ -11,6 +11,12 @@ before the next trial. Goal (issue 3): ≤ interval + probe time + 15 s for ``st
 threshold of 8 requests in flight, only every other cycle can see it, and a leak is confirmed
 by a second burst of the same size before it pages. Its report adds what a burst cycle costs:
 prompt and completion tokens per cycle, from the stored probes.
+
+``prefix_collision`` and ``abort_reuse`` (issue 20) are caught by the cache probe (the default
+3,000-token document): a wrong answer served from the prefix cache, confirmed by a second
+cycle, pages ``KVWatchCacheCorrupt``. Their report adds the prompt tokens of a cycle the
+engine said it served from its cache. ``python -m bench.detection FAULT ...`` runs only those
+fault modes.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ class Case:
     kind: str  # the probe kind whose stored rows give the probe time and its tokens
     pages: frozenset[str]
     trials: int
+    settings: tuple[tuple[str, object], ...] = ()  # more keys of the endpoint's config entry
 
 
 CASES = (
@@ -68,6 +75,22 @@ CASES = (
         "burst",
         frozenset({"KVWatchCrossRequestLeak", "KVWatchBurstWrong"}),
         8,
+    ),
+    Case(
+        FaultMode.PREFIX_COLLISION,
+        SimEndpoint("ep", window=4096),
+        ("cache",),
+        "cache",
+        frozenset({"KVWatchCacheCorrupt"}),
+        6,
+    ),
+    Case(
+        FaultMode.ABORT_REUSE,
+        SimEndpoint("ep", window=4096),
+        ("cache",),
+        "cache",
+        frozenset({"KVWatchCacheCorrupt"}),
+        6,
     ),
 )
 
@@ -108,7 +131,9 @@ async def trials(case: Case, sim: RunningSimulator, am_url: str) -> list[float |
 
 async def run_case(case: Case, tmp: Path, am_url: str) -> tuple[list[float | None], list[ProbeRow]]:
     async with run_simulator([case.endpoint]) as sim:
-        entry = sim_endpoint_entry(sim, "ep", interval=f"{INTERVAL:.0f}s", probes=list(case.probes))
+        entry = sim_endpoint_entry(
+            sim, "ep", interval=f"{INTERVAL:.0f}s", probes=list(case.probes), **dict(case.settings)
+        )
         config = config_for(
             [entry],
             database=f"sqlite:///{tmp / f'{case.fault.value}.db'}",
@@ -144,10 +169,12 @@ def report(case: Case, latencies: Sequence[float | None], rows: Sequence[ProbeRo
     print(f"median {case.kind} probe {probe_time:.3f} s")
     prompt = [r.reported_prompt_tokens for r in rows if r.reported_prompt_tokens is not None]
     completion = [r.completion_tokens for r in rows if r.completion_tokens is not None]
+    cached = [r.cached_prompt_tokens for r in rows if r.cached_prompt_tokens is not None]
     if prompt and completion:
+        of_which = f"median {statistics.median(cached):.0f}" if cached else "not reported"
         print(
             f"tokens per {case.kind} probe: prompt median {statistics.median(prompt):.0f} "
-            f"(of which cached: not reported), completion median "
+            f"(of which cached: {of_which}), completion median "
             f"{statistics.median(completion):.0f}"
         )
     if case.fault is FaultMode.STALE_KV and seen:
@@ -172,5 +199,13 @@ async def run(cases: Sequence[Case] = CASES) -> None:
             am.close()
 
 
-def main() -> None:
-    asyncio.run(run())
+def main(faults: Sequence[str] = ()) -> None:
+    wanted = set(faults)
+    known = {c.fault.value for c in CASES}
+    if wanted - known:
+        raise SystemExit(f"unknown fault modes {sorted(wanted - known)}; known: {sorted(known)}")
+    asyncio.run(run([c for c in CASES if not wanted or c.fault.value in wanted]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

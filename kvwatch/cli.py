@@ -159,7 +159,7 @@ def check_config(config_path: Path | None, live: bool) -> None:
         # Listed, not fetched: check-config reads the file only.
         every = format_duration(source.refresh_interval)
         click.echo(f"  DISCOVERY: {source.name} ({source.kind}, every {every})")
-    for line in limit_notes(config):
+    for line in limit_notes(config) + cache_reporting_notes(config):
         click.echo(f"  NOTE: {line}")
     if live and not asyncio.run(_check_live(config)):
         raise SystemExit(1)
@@ -176,6 +176,40 @@ def limit_notes(config: Config) -> list[str]:
         " (info, never a page), not a refusal"
         for spec in config.resolved_endpoints()
         if not has_hard_limit(spec.flavour)
+    ]
+
+
+# How each engine serves prompts from its prefix cache and reports it, for an endpoint that
+# runs the cache probe: without a report its warm step says cache_not_exercised.
+_CACHE_REPORTING = {
+    "vllm": "vLLM caches prefixes by default (V1; off with --no-enable-prefix-caching) but "
+    "reports usage.prompt_tokens_details.cached_tokens only when started with "
+    "--enable-prompt-tokens-details",
+    "sglang": "SGLang caches prefixes in its radix cache by default (off with "
+    "--disable-radix-cache) but reports cached_tokens only when started with "
+    "--enable-cache-report",
+    "llamacpp": "llama.cpp's server caches the prompt by default (cache_prompt) and reports "
+    "usage.prompt_tokens_details.cached_tokens; a model with sliding-window layers (Gemma 3) "
+    "reuses a prefix only with --swa-full",
+    "anthropic": "Anthropic reads its prompt cache only for blocks marked cache_control, which "
+    "kvwatch does not send: expect cache_not_exercised",
+}
+
+
+def cache_reporting_notes(config: Config) -> list[str]:
+    """One sentence per endpoint that runs the cache probe: how its engine caches prefixes
+    and reports it, so a cache_not_exercised verdict says what to turn on."""
+    default = (
+        "the cache probe needs the engine's prefix cache on and its count of cached prompt "
+        "tokens in usage.prompt_tokens_details.cached_tokens (vLLM: "
+        "--enable-prompt-tokens-details; SGLang: --enable-cache-report; llama.cpp: by "
+        "default)"
+    )
+    return [
+        f"{spec.name}: {_CACHE_REPORTING.get(spec.flavour, default)}; without it the cache "
+        "probe reports cache_not_exercised (info, never a page)"
+        for spec in config.resolved_endpoints()
+        if ProbeKind.CACHE in spec.probes
     ]
 
 
@@ -593,6 +627,20 @@ def _burst_lines(requests: Any) -> list[str]:
     return lines
 
 
+def _cache_lines(steps: Any) -> list[str]:
+    """A cache probe's steps, one line each: what it asked, how much the cache served, and
+    whether the right code came back."""
+    lines = []
+    for c in steps:
+        cached = "-" if c.cached_tokens is None else f"{c.cached_tokens:,}"
+        gave = f", gave the code of {', '.join(c.answered)}" if c.answered else ""
+        lines.append(
+            f"  step {c.step:<8} {c.document:<4} {c.key:<8} cached {cached:>6} "
+            f"{c.outcome.upper()}{gave}" + (f" ({c.detail})" if c.detail else "")
+        )
+    return lines
+
+
 def _probe_text(p: Any) -> str:
     """``kvwatch show`` as text: one labelled line per piece of evidence."""
 
@@ -623,6 +671,7 @@ def _probe_text(p: Any) -> str:
     if p.lost:
         lines.append(f"  lost:          {p.lost}")
     lines += _burst_lines(p.burst)
+    lines += _cache_lines(p.cache)
     for f in p.foreign_markers:
         lines.append(
             f"  LEAKED MARKER: {f.marker} of probe {f.probe_id} ({f.endpoint}, "
@@ -774,7 +823,7 @@ def plan(config_path: Path | None, output: str) -> None:
             f"plans {'-' if planned is None else f'{planned:,}'}; spent in the last 24 h: "
             f"{'-' if used is None else f'{used:,}'}"
         )
-    for line in precision_notes(config.resolved_endpoints()):
+    for line in precision_notes(config.resolved_endpoints()) + cache_notes(costs):
         click.echo(f"NOTE: {line}")
 
 
@@ -803,6 +852,29 @@ def _spent_last_day(database: str, names: Sequence[str]) -> dict[str, int]:
             }
     except StoreError:
         return {}
+
+
+def cache_notes(costs: Sequence[Any]) -> list[str]:
+    """Per cache probe: its tokens a cycle (prompt, of which cached, completion) and the age
+    of the document its returning session asks about."""
+    notes = []
+    for c in costs:
+        if c.cached_prompt_tokens is None:
+            continue
+        answer = c.completion_tokens_per_day / c.probes_per_day
+        after = c.returning_after_seconds
+        notes.append(
+            f"{c.endpoint}: a cache cycle sends {c.prompt_tokens:,} prompt tokens, of which "
+            f"about {c.cached_prompt_tokens:,} should be served from the prefix cache (only "
+            f"the rest is prefilled), and up to {answer:,.0f} answer tokens; "
+            + (
+                "no returning session"
+                if after is None
+                else f"its returning session asks about a document {format_duration(after)} "
+                "old (kept in memory: a restart loses them)"
+            )
+        )
+    return notes
 
 
 def precision_notes(specs: Sequence[EndpointSpec]) -> list[str]:

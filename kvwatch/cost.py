@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvwatch.canary.cache import cycle_tokens
 from kvwatch.canary.model import ProbeKind
 from kvwatch.canary.spend import DAY, run_tokens
 from kvwatch.config import EndpointSpec
@@ -25,6 +26,10 @@ class ProbeCost:
     probes_per_day: float
     prefill_tokens_per_day: float | None
     completion_tokens_per_day: float
+    # The cache probe: prompt tokens per cycle the engine should serve from its prefix cache
+    # (not prefilled again), and the age of the document its returning session asks about.
+    cached_prompt_tokens: int | None = None
+    returning_after_seconds: float | None = None
 
 
 def plan_costs(specs: list[EndpointSpec]) -> list[ProbeCost]:
@@ -35,6 +40,7 @@ def plan_costs(specs: list[EndpointSpec]) -> list[ProbeCost]:
             interval = spec.interval_for(kind)
             per_day = DAY / interval
             run = run_tokens(kind, shape)
+            cache = kind is ProbeKind.CACHE
             costs.append(
                 ProbeCost(
                     endpoint=spec.name,
@@ -46,6 +52,15 @@ def plan_costs(specs: list[EndpointSpec]) -> list[ProbeCost]:
                         None if run.prefilled is None else run.prefilled * per_day
                     ),
                     completion_tokens_per_day=run.answered * per_day,
+                    cached_prompt_tokens=(
+                        cycle_tokens(
+                            spec.cache_document_tokens,
+                            returning=spec.cache_return_after is not None,
+                        ).cached
+                        if cache
+                        else None
+                    ),
+                    returning_after_seconds=spec.cache_return_after if cache else None,
                 )
             )
     return costs

@@ -11,14 +11,24 @@ import yaml
 from kvwatch.config import Config, parse_config
 from kvwatch.config.sections import DEFAULT_PROBES
 from kvwatch.daemon import Daemon
-from kvwatch.simulator.fleet import BURST_DEMO, ESTIMATED, demo_fleet
+from kvwatch.simulator.fleet import BURST_DEMO, CACHE_DEMO, ESTIMATED, demo_fleet
 from kvwatch.simulator.server import run_simulator
 
 DEMO_INTERVAL = "20s"
+DEMO_DOCUMENT_TOKENS = 1024
 # Where demo mode keeps its history, in the working directory: the history commands
 # (results, show, served-window) read it there when no configuration is given.
 DEMO_DATABASE_FILE = "kvwatch.db"
 DEMO_DATABASE = f"sqlite:///{DEMO_DATABASE_FILE}"
+
+
+def _probes(name: str) -> list[str]:
+    """The default probes, and the opt-in ones the demo shows on this endpoint."""
+    return [
+        *DEFAULT_PROBES,
+        *(["burst"] if name in BURST_DEMO else []),
+        *(["cache"] if name in CACHE_DEMO else []),
+    ]
 
 
 def demo_config(urls: dict[str, tuple[str, str, int, str]], database: str) -> Config:
@@ -41,8 +51,16 @@ def demo_config(urls: dict[str, tuple[str, str, int, str]], database: str) -> Co
                 # As if behind a gateway without a tokenize route: tokens are estimated.
                 **({"tokenizer": "usage"} if name == ESTIMATED else {}),
                 # The burst probe is opt-in: on the healthy endpoint (passes) and the one
-                # whose batches mix answers (burst_leak).
-                **({"probes": [*DEFAULT_PROBES, "burst"]} if name in BURST_DEMO else {}),
+                # whose batches mix answers (burst_leak); so is the cache probe: healthy
+                # passes, the cache faults are cache_corrupt, no prefix cache is
+                # cache_not_exercised.
+                **({"probes": _probes(name)} if name in BURST_DEMO | CACHE_DEMO else {}),
+                # A small document keeps the demo's cache cycles quick.
+                **(
+                    {"cache": {"document_tokens": DEMO_DOCUMENT_TOKENS}}
+                    if name in CACHE_DEMO
+                    else {}
+                ),
             }
             for name, (url, model, window, flavour) in urls.items()
         ],

@@ -23,6 +23,7 @@ WRONG_REJECTION = "KVWatchWrongRejection"
 PROBE_FAILING = "KVWatchProbeFailing"
 CANARY_INEFFECTIVE = "KVWatchCanaryIneffective"
 BURST_WRONG = "KVWatchBurstWrong"
+CACHE_CORRUPT = "KVWatchCacheCorrupt"
 # Every alert kvwatch raises (DESIGN §6): delivery starts each one's firing gauge at zero.
 ALERTNAMES = (
     CROSS_REQUEST_LEAK,
@@ -35,6 +36,7 @@ ALERTNAMES = (
     PROBE_FAILING,
     CANARY_INEFFECTIVE,
     BURST_WRONG,
+    CACHE_CORRUPT,
 )
 
 DEFAULT_RUNBOOK_BASE = "https://github.com/kvwatch/kvwatch/blob/main/docs/runbooks.md"
@@ -250,6 +252,15 @@ def _defaults() -> dict[str, AlertPolicy]:
             "{endpoint} answers concurrent requests wrong that it answers right one at a time",
             # The burst's own solo request is its canary: a model that cannot do the task
             # is canary_ineffective on that very probe, never this alert.
+            suppressed_by_canary=False,
+        ),
+        alert(
+            critical,
+            CACHE_CORRUPT,
+            {Verdict.CACHE_CORRUPT},
+            "{endpoint} answers wrong from its prefix cache what it answers right without it",
+            # The cache probe's cold step and control are its canary: a model that cannot
+            # recall the facts is canary_ineffective on that very probe, never this alert.
             suppressed_by_canary=False,
         ),
     ]

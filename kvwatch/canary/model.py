@@ -26,6 +26,10 @@ class ProbeKind(enum.StrEnum):
     # The same short canary sent concurrently: a solo request, then N at once, each with its
     # own marker and a checkable task (kvwatch.canary.burst): the batch path of the engine.
     BURST = "burst"
+    # A document of planted facts sent cold, then again so the engine serves it from its
+    # prefix cache (warm, a branch sharing its first part, reuse after an abort), each answer
+    # checked (kvwatch.canary.cache): the cache-hit path of the engine.
+    CACHE = "cache"
 
 
 class Verdict(enum.StrEnum):
@@ -56,6 +60,12 @@ class Verdict(enum.StrEnum):
     BURST_LEAK = "burst_leak"
     # burst: a request answered its task wrong under load while the solo request was right.
     BURST_WRONG = "burst_wrong"
+    # cache: a step the engine served from its prefix cache answered wrong while the cold
+    # request and a control re-asked with no cache hit possible were right.
+    CACHE_CORRUPT = "cache_corrupt"
+    # cache: the warm step shows no cache hit (0 or not reported): the hit path was not
+    # tested. Says so instead of passing; never pages.
+    CACHE_NOT_EXERCISED = "cache_not_exercised"
 
 
 class Severity(enum.StrEnum):
@@ -91,11 +101,17 @@ SEVERITY: dict[Verdict, Severity] = {
     # probe (a fresh burst, new tasks) keeps a one-off flip of a batch-variant model from
     # paging anyone.
     Verdict.BURST_WRONG: Severity.CRITICAL,
+    # Critical: the same model answered the same question right without the cache (cold, and
+    # the control that bypasses it), so the wrong answer is the engine serving wrong KV.
+    Verdict.CACHE_CORRUPT: Severity.CRITICAL,
+    Verdict.CACHE_NOT_EXERCISED: Severity.INFO,
 }
 
 # Verdicts that say nothing about the endpoint's correctness (retry later, or re-plan): they
 # leave alert state and the success gauge as they were.
-INCONCLUSIVE: frozenset[Verdict] = frozenset({Verdict.THROTTLED, Verdict.SIZING_MISS})
+INCONCLUSIVE: frozenset[Verdict] = frozenset(
+    {Verdict.THROTTLED, Verdict.SIZING_MISS, Verdict.CACHE_NOT_EXERCISED}
+)
 
 # What a healthy endpoint answers: pass, or, for the over probe of an engine that truncates
 # instead of refusing, the truncation it documents. These keep `kvwatch probe` at exit 0,
@@ -146,6 +162,11 @@ class Exchange:
     finish_reason: str | None = None
     prompt_tokens: int | None = None  # usage reported by the engine
     completion_tokens: int | None = None
+    # Prompt tokens the engine says it served from its prefix cache: OpenAI-compatible
+    # ``usage.prompt_tokens_details.cached_tokens``, Anthropic ``cache_read_input_tokens``.
+    # None when the engine did not say (vLLM omits the details unless started with
+    # --enable-prompt-tokens-details, and when nothing was cached): absent is not 0.
+    cached_prompt_tokens: int | None = None
     # The first usage count the engine sent that is no token count (negative, fractional, a
     # string, a bool, past any window), as "<field> <value as sent>"; its count is then None.
     unusable_usage: str | None = None
@@ -269,6 +290,38 @@ class BurstRequest:
     answer: str | None = None  # the answer's text (bounded when stored)
 
 
+class CacheOutcome(enum.StrEnum):
+    """What became of one step of a cache cycle (kvwatch.canary.cache)."""
+
+    RIGHT = "right"  # the asked fact's code, and no other code
+    WRONG = "wrong"  # the code missing, or another code of the cycle given
+    FOREIGN = "foreign"  # holds the marker of another probe
+    FAILED = "failed"  # no usable answer: transport, status, stream or body
+    ABORTED = "aborted"  # the abort step: disconnected after its first chunk, as planned
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStep:
+    """One step of a cache cycle as judged: the evidence stored with the probe."""
+
+    step: str  # cold, warm, branch, abort, reuse, return, control
+    document: str  # which planted document it asked about (A, A', B, an earlier one's label)
+    key: str  # the fact asked for
+    expected: str  # the code planted for it
+    outcome: CacheOutcome
+    status: int | None = None
+    cached_tokens: int | None = None  # what the engine said it served from cache (None: silent)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    code_found: bool = False
+    # Other codes of the cycle the answer gave, as "<document> <key>" (a code of the wrong
+    # fact, or of the document a cache served instead).
+    answered: tuple[str, ...] = ()
+    foreign: tuple[int, ...] = ()  # ids of other probes whose markers it holds
+    detail: str | None = None
+    answer: str | None = None  # the answer's text (bounded when stored)
+
+
 @dataclass(frozen=True, slots=True)
 class Judgement:
     """A verdict with the one-line reason and the facts it rests on."""
@@ -284,3 +337,5 @@ class Judgement:
     crossed: tuple[ForeignMarker, ...] = ()
     # Per request, for a burst probe; empty otherwise.
     burst: tuple[BurstRequest, ...] = ()
+    # Per step, for a cache probe; empty otherwise.
+    cache: tuple[CacheStep, ...] = ()

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvwatch.canary.burst import ANSWER_TOKENS, cycle_prompt_tokens
+from kvwatch.canary.cache import DEFAULT_DOCUMENT_TOKENS, cycle_tokens
 from kvwatch.canary.model import ProbeKind
 from kvwatch.canary.sizing import AcceptanceRule, target_prompt_tokens
 
@@ -50,6 +51,8 @@ class RunShape:
     baseline_tokens: int
     burst_sizes: Sequence[int]
     burst_prompt_tokens: int
+    cache_document_tokens: int = DEFAULT_DOCUMENT_TOKENS
+    cache_returning: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +78,11 @@ def run_tokens(kind: ProbeKind, shape: RunShape) -> RunTokens:
         tokens = cycle_prompt_tokens(shape.burst_sizes, shape.burst_prompt_tokens)
         requests = 1 + sum(shape.burst_sizes) / len(shape.burst_sizes)
         return RunTokens(tokens, tokens, requests * ANSWER_TOKENS)
+    if kind is ProbeKind.CACHE:
+        # Five requests about planted documents (six with a returning session), most of
+        # their prompt served from the engine's prefix cache, which is not prefilled again.
+        cycle = cycle_tokens(shape.cache_document_tokens, returning=shape.cache_returning)
+        return RunTokens(cycle.prompt, cycle.prompt - cycle.cached, cycle.completion)
     answered = 0 if kind is ProbeKind.OVER else shape.max_tokens
     rejects = kind is ProbeKind.OVER and shape.flavour in REJECT_AT_ADMISSION
     if shape.window is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvwatch.canary import cache
 from kvwatch.canary.burst import ANSWER_TOKENS, fits
 from kvwatch.canary.model import ProbeKind
 from kvwatch.canary.planning import ANSWER_TOKENS_PER_CODE
@@ -160,6 +161,16 @@ def _size_problems(here: KeyPath, endpoint: EndpointSettings, spec: EndpointSpec
                 (*here, "context_window"),
                 f"{window} tokens cannot hold the burst prompt of {spec.burst_prompt_tokens}"
                 f" tokens plus its {ANSWER_TOKENS} answer tokens",
+            )
+        )
+    documents = ProbeKind.CACHE in spec.probes
+    if window is not None and documents and not cache.fits(spec.cache_document_tokens, window):
+        problems.append(
+            (
+                (*here, "context_window"),
+                f"{window} tokens cannot hold the cache document of "
+                f"{spec.cache_document_tokens} tokens plus its {cache.ANSWER_TOKENS} answer "
+                "tokens",
             )
         )
     return problems

@@ -15,6 +15,7 @@ from typing import TypeVar
 from pydantic import SecretStr
 
 from kvwatch.canary.burst import DEFAULT_PROMPT_TOKENS, DEFAULT_SIZES
+from kvwatch.canary.cache import DEFAULT_DOCUMENT_TOKENS
 from kvwatch.canary.model import ProbeKind
 from kvwatch.canary.spend import OverBudget, RunShape, SpendPlan, fit_budget, run_tokens
 from kvwatch.config.sections import Defaults, Endpoint, EndpointSettings, Intervals
@@ -85,6 +86,10 @@ class EndpointSpec:
     # The burst probe: requests at once, cycle after cycle in turn, and each one's prompt.
     burst_sizes: tuple[int, ...] = DEFAULT_SIZES
     burst_prompt_tokens: int = DEFAULT_PROMPT_TOKENS
+    # The cache probe: the planted document's size, and the age at which a document is asked
+    # about again (None: no returning session).
+    cache_document_tokens: int = DEFAULT_DOCUMENT_TOKENS
+    cache_return_after: float | None = None
     # Per-kind intervals and jitters; a kind missing here uses interval_seconds/jitter_seconds.
     intervals: Mapping[ProbeKind, float] = field(default_factory=lambda: MappingProxyType({}))
     jitters: Mapping[ProbeKind, float] = field(default_factory=lambda: MappingProxyType({}))
@@ -127,6 +132,8 @@ def shape_of(spec: EndpointSpec) -> RunShape:
         baseline_tokens=spec.baseline_tokens,
         burst_sizes=spec.burst_sizes,
         burst_prompt_tokens=spec.burst_prompt_tokens,
+        cache_document_tokens=spec.cache_document_tokens,
+        cache_returning=spec.cache_return_after is not None,
     )
 
 
@@ -186,6 +193,7 @@ def resolve_settings(
     probes = tuple(ProbeKind(kind) for kind in endpoint.probes)
     intervals, explicit = kind_intervals(endpoint, defaults, interval, probes)
     burst = _pick(endpoint.burst, defaults.burst)
+    cache = _pick(endpoint.cache, defaults.cache)
     budget = _pick(endpoint.budget, defaults.budget)
     api_key = endpoint.api_key
     if endpoint.api_key_file is not None:
@@ -223,6 +231,8 @@ def resolve_settings(
             labels=MappingProxyType(dict(endpoint.labels)),
             burst_sizes=tuple(burst.sizes),
             burst_prompt_tokens=burst.prompt_tokens,
+            cache_document_tokens=cache.document_tokens,
+            cache_return_after=cache.return_after,
             tenants=_tenants(endpoint),
             written_jitter=jitter,
         )

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvwatch.canary.burst import DEFAULT_PROMPT_TOKENS, DEFAULT_SIZES, MAX_SIZE, MIN_PROMPT_TOKENS
+from kvwatch.canary.cache import DEFAULT_DOCUMENT_TOKENS, MIN_DOCUMENT_TOKENS
 from kvwatch.config.types import (
     Duration,
     EndpointName,
@@ -35,8 +36,9 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 
 # The kinds a user schedules. "edge" is not among them: it runs with the capacity check
 # whenever the engine reports a KV pool smaller than its window. "burst" is opt-in: it puts
-# concurrent load on the engine, which a team should choose.
-ScheduledKind = Literal["under", "over", "baseline", "capacity", "burst"]
+# concurrent load on the engine, which a team should choose; so is "cache" (a document sent
+# five or six times a cycle, most of it served from the engine's prefix cache).
+ScheduledKind = Literal["under", "over", "baseline", "capacity", "burst", "cache"]
 DEFAULT_PROBES: tuple[ScheduledKind, ...] = ("under", "over", "baseline", "capacity")
 
 
@@ -108,6 +110,8 @@ class Timeouts(_Strict):
     # A whole burst cycle: the solo request, then every concurrent one (short prompts, but
     # an engine with few slots serves them in turn).
     burst: Duration = 300.0
+    # A whole cache cycle: five or six requests about a few-thousand-token document.
+    cache: Duration = 300.0
 
 
 class TimeoutOverrides(_Strict):
@@ -120,6 +124,7 @@ class TimeoutOverrides(_Strict):
     edge: Duration | None = None
     bisect: Duration | None = None
     burst: Duration | None = None
+    cache: Duration | None = None
 
 
 def _unique_depths(depths: list[float]) -> None:
@@ -172,6 +177,7 @@ class Intervals(_Strict):
     baseline: Duration | None = None
     capacity: Duration | None = None
     burst: Duration | None = None
+    cache: Duration | None = None
 
 
 class Budget(_Strict):
@@ -179,6 +185,21 @@ class Budget(_Strict):
     (kvwatch.canary.spend)."""
 
     tokens_per_day: PositiveInt
+
+
+class Cache(_Strict):
+    """The cache probe's shape: the planted document's size and, optionally, how long after
+    planting a document is asked about again (the returning session; off by default)."""
+
+    document_tokens: int = DEFAULT_DOCUMENT_TOKENS
+    return_after: Duration | None = None
+
+    @field_validator("document_tokens", mode="before")
+    @classmethod
+    def _document_tokens(cls, tokens: object) -> int:
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < MIN_DOCUMENT_TOKENS:
+            raise invalid(f"must be a whole number of at least {MIN_DOCUMENT_TOKENS} tokens")
+        return tokens
 
 
 class Defaults(_Strict):
@@ -204,6 +225,7 @@ class Defaults(_Strict):
     served_window: Flag = True
     body_limit_bytes: PositiveInt = 4 * 1024 * 1024
     burst: Burst = Burst()
+    cache: Cache = Cache()
 
     @model_validator(mode="after")
     def _depths(self) -> Defaults:
@@ -257,6 +279,7 @@ class EndpointSettings(_Strict):
     served_window: Flag | None = None
     body_limit_bytes: PositiveInt | None = None
     burst: Burst | None = None
+    cache: Cache | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> EndpointSettings:

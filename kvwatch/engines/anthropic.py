@@ -65,6 +65,15 @@ def prompt_tokens_of(usage: Any) -> tuple[int | None, str | None]:
     return base + sum(count or 0 for count, _ in parts[1:]), None
 
 
+def cache_read_of(usage: Any) -> int | None:
+    """The prompt tokens Anthropic read from its prompt cache (``cache_read_input_tokens``),
+    or None when the usage does not say (absent is not 0). Pure."""
+    if not isinstance(usage, dict):
+        return None
+    count, bad = token_count(usage.get("cache_read_input_tokens"), "cache_read_input_tokens")
+    return None if bad is not None else count
+
+
 def _output_tokens(usage: Any) -> tuple[int | None, str | None]:
     if not isinstance(usage, dict):
         return None, None
@@ -105,6 +114,7 @@ def parse_message(payload: Any) -> Completion:
         finish_reason=stop if isinstance(stop, str) else None,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
+        cached_prompt_tokens=cache_read_of(usage),
         unusable_usage=bad_prompt or bad_completion,
     )
 
@@ -156,6 +166,7 @@ class AnthropicStreamReader(EventStreamReader):
             message = payload.get("message")
             if isinstance(message, dict):
                 ex.prompt_tokens, unusable = prompt_tokens_of(message.get("usage"))
+                ex.cached_prompt_tokens = cache_read_of(message.get("usage"))
                 ex.unusable_usage = ex.unusable_usage or unusable
         elif kind == "content_block_delta":
             delta = payload.get("delta")

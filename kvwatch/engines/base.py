@@ -62,9 +62,12 @@ class Engine(Protocol):
         stream: bool,
         timeout: float,
         progress: ProgressCallback | None = None,
+        hang_up_after_first_chunk: bool = False,
     ) -> Exchange:
         """Send one chat request and report what came back. Never raises for HTTP/transport
-        failures: they are facts recorded in the exchange."""
+        failures: they are facts recorded in the exchange. With ``hang_up_after_first_chunk``
+        a streamed request is disconnected once its first chunk arrives (the engine aborts
+        it), keeping what arrived."""
         ...
 
     async def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:

@@ -81,6 +81,7 @@ class Completion:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_prompt_tokens: int | None = None  # as Exchange.cached_prompt_tokens
     problem: str | None = None
     error_payload: Any = None
     unusable_usage: str | None = None  # as Exchange.unusable_usage
@@ -101,6 +102,7 @@ def parse_completion(payload: Any) -> Completion:
         _first_choice(payload.get("choices")),
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
+        cached_prompt_tokens=cached_tokens_of(payload.get("usage")),
         unusable_usage=unusable,
     )
 
@@ -137,6 +139,24 @@ def _usage(usage: Any) -> tuple[int | None, int | None, str | None]:
     prompt, bad_prompt = token_count(usage.get("prompt_tokens"), "usage.prompt_tokens")
     completion, bad = token_count(usage.get("completion_tokens"), "usage.completion_tokens")
     return prompt, completion, bad_prompt or bad
+
+
+def cached_tokens_of(usage: Any) -> int | None:
+    """The prompt tokens an OpenAI-compatible ``usage`` says were served from the prefix
+    cache (``prompt_tokens_details.cached_tokens``), or None when it does not say. vLLM
+    writes the details only when started with ``--enable-prompt-tokens-details`` and the
+    count is not zero (``if self.enable_prompt_tokens_details and num_cached_tokens``,
+    vllm/entrypoints/openai/serving_chat.py); SGLang only with ``--enable-cache-report``;
+    llama.cpp's server always (from ``n_prompt_tokens_cache``). So absent is never read as
+    0: the caller decides what an engine that does not say means. A value that is no count
+    is None too (the prompt count's own check reports bad usage). Pure."""
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details")
+    if not isinstance(details, dict):
+        return None
+    count, bad = token_count(details.get("cached_tokens"), "cached_tokens")
+    return None if bad is not None else count
 
 
 def json_int(value: Any) -> int | None:
@@ -265,6 +285,9 @@ class StreamReader:
             ex.unusable_usage = unusable
         if prompt_tokens is not None:
             ex.prompt_tokens = prompt_tokens
+        cached = cached_tokens_of(payload.get("usage"))
+        if cached is not None:
+            ex.cached_prompt_tokens = cached
         if completion_tokens is not None:
             ex.completion_tokens = completion_tokens
         choices = payload.get("choices")
@@ -362,6 +385,7 @@ class OpenAIEngine:
         stream: bool,
         timeout: float,
         progress: ProgressCallback | None = None,
+        hang_up_after_first_chunk: bool = False,
     ) -> Exchange:
         body = self._chat_body(messages, max_tokens=max_tokens, stream=stream)
         exchange = Exchange(streamed=stream)
@@ -373,7 +397,9 @@ class OpenAIEngine:
                 asyncio.timeout(timeout),
                 progress_ticks(progress, clock, interval=self.progress_interval),
             ):
-                await self._exchange(body, stream, exchange, clock, timeout)
+                await self._exchange(
+                    body, stream, exchange, clock, timeout, hang_up_after_first_chunk
+                )
         except _CHAT_FAILURES as exc:
             self._transport_failure(exchange, exc, timeout)
         reject_implausible_usage(exchange)
@@ -418,6 +444,7 @@ class OpenAIEngine:
         exchange: Exchange,
         clock: Stopwatch,
         deadline: float,
+        hang_up: bool = False,
     ) -> None:
         request = self._client.build_request(
             "POST",
@@ -445,7 +472,7 @@ class OpenAIEngine:
                 return
             content_type = response.headers.get("content-type", "")
             if stream and self._is_stream_response(content_type):
-                await self._read_stream(response, exchange, clock)
+                await self._read_stream(response, exchange, clock, hang_up)
             else:
                 # Also the path of an engine that ignores stream=true and answers in JSON:
                 # what came back was not streamed, and is read as what it is.
@@ -457,7 +484,7 @@ class OpenAIEngine:
             await response.aclose()
 
     async def _read_stream(
-        self, response: httpx.Response, exchange: Exchange, clock: Stopwatch
+        self, response: httpx.Response, exchange: Exchange, clock: Stopwatch, hang_up: bool
     ) -> None:
         reader = self._stream_reader(exchange)
         size = 0
@@ -470,6 +497,11 @@ class OpenAIEngine:
                 if size > self.body_limit_bytes:
                     raise BodyTooLarge(self.body_limit_bytes)
                 reader.feed(chunk)
+                if hang_up:
+                    # The cache probe's abort: the connection is closed (response.aclose)
+                    # with the answer begun, so the engine aborts a request whose prompt it
+                    # has already prefilled; what arrived is kept.
+                    break
                 if reader.done:
                     # The reader ignores anything after the terminator, in this read or any
                     # later one; reading on could only wait for a peer that does not stop.
@@ -491,6 +523,7 @@ class OpenAIEngine:
         parsed = self._parse_completion(payload, headers)
         exchange.prompt_tokens = parsed.prompt_tokens
         exchange.completion_tokens = parsed.completion_tokens
+        exchange.cached_prompt_tokens = parsed.cached_prompt_tokens
         exchange.unusable_usage = parsed.unusable_usage
         exchange.finish_reason = parsed.finish_reason
         if parsed.problem is not None:

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 
 from kvwatch.canary.model import SEVERITY, ProbeKind, Severity, Verdict
 
-# The kinds that rotate through an endpoint's tenants: the canaries that fill the KV cache
-# (under) or probe past it (edge), where one request's pages can reach another's answer.
-TENANT_KINDS = frozenset({ProbeKind.UNDER, ProbeKind.EDGE})
 # The kinds whose failures say the window is not served whole: the ones the served-window
 # search follows, and whose alerts carry its result.
-WINDOW_KINDS = TENANT_KINDS
+WINDOW_KINDS = frozenset({ProbeKind.UNDER, ProbeKind.EDGE})
+# The kinds that rotate through an endpoint's tenants: the canaries that fill the KV cache
+# (under) or probe past it (edge), where one request's pages can reach another's answer, and
+# the cache probe (a cycle follows another tenant's, whose documents the cache holds).
+TENANT_KINDS = WINDOW_KINDS | {ProbeKind.CACHE}
 
 # Re-plans of a probe whose estimated size missed its boundary, within one slot: each uses
 # what the miss taught (the engine's count, a wider margin), so a second is rare.

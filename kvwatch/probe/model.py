@@ -9,10 +9,12 @@ finished probe looked like, for the CLI, the alerting hook and the served-window
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from kvwatch.canary.cache import KEPT_DOCUMENTS, Document
 from kvwatch.canary.counting import TokenCounter
 from kvwatch.canary.model import DepthResult, ForeignMarker, ProbeKind, Verdict
 from kvwatch.config import EndpointSpec, TenantSpec
@@ -51,6 +53,11 @@ class EndpointState:
     # says anything about the endpoint now.
     unobserved_report: Discovery | None = None
     report_unobserved: bool = False
+    # Documents the cache probe planted, oldest first, for its returning session: in memory
+    # only (a restart loses them), and bounded (kvwatch.canary.cache.KEPT_DOCUMENTS).
+    planted: deque[tuple[datetime, Document]] = field(
+        default_factory=lambda: deque(maxlen=KEPT_DOCUMENTS)
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,6 +79,7 @@ class ProbeResult:
             finished_at=self.finished_at,
             reported_prompt_tokens=ex.prompt_tokens,
             completion_tokens=ex.completion_tokens,
+            cached_prompt_tokens=ex.cached_prompt_tokens,
             marker_found=j.marker_found if a.plan else None,
             foreign_markers=j.foreign,
             http_status=ex.status,
@@ -91,6 +92,9 @@ class ProbeResult:
             depths=tuple(j.depths),
             burst=tuple(
                 dataclasses.replace(r, answer=bounded(r.answer, excerpt_chars)) for r in j.burst
+            ),
+            cache=tuple(
+                dataclasses.replace(c, answer=bounded(c.answer, excerpt_chars)) for c in j.cache
             ),
             planned_prompt_tokens=new.planned_prompt_tokens,
             target_prompt_tokens=new.target_prompt_tokens,

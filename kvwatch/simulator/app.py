@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 from starlette.applications import Starlette
@@ -35,6 +36,7 @@ from kvwatch.simulator.model import (
     BATCH_STEP_SECONDS,
     Answer,
     ChatRequest,
+    EndpointState,
     Reject,
     Simulation,
     StreamFailure,
@@ -56,6 +58,8 @@ from kvwatch.simulator.spec import FaultMode, Flavour
 from kvwatch.simulator.traces import RecordTraces, traces_route
 
 _DONE = b"data: [DONE]\n\n"
+# abort_reuse: one decode step per answer token, long enough for a disconnect to be seen.
+DECODE_STEP_SECONDS = 0.05
 
 
 class _Chunks:
@@ -88,11 +92,23 @@ class _Chunks:
         }
 
 
-async def _answer_stream(model: str, answer: Answer, include_usage: bool) -> AsyncIterator[bytes]:
+async def _answer_stream(
+    model: str,
+    answer: Answer,
+    include_usage: bool,
+    decode_step: float = 0.0,
+    done: Callable[[], None] | None = None,
+) -> AsyncIterator[bytes]:
     chunks = _Chunks(model)
     yield _sse(chunks.chunk({"role": "assistant", "content": ""}))
     for piece in answer.pieces:
+        if decode_step:
+            await asyncio.sleep(decode_step)
         yield _sse(chunks.chunk({"content": piece}))
+    # Reached only when every piece was sent: a client that hung up stopped the stream at
+    # the yield it could not take.
+    if done is not None:
+        done()
     yield _sse(chunks.chunk({}, answer.finish_reason))
     if include_usage:
         yield _sse(chunks.usage_chunk(_usage(answer)))
@@ -168,15 +184,28 @@ async def chat_completions(request: Request) -> Response:
     finally:
         asyncio.get_running_loop().call_later(BATCH_STEP_SECONDS, state.leave, flight)
 
+    return _served(state, chat, decision, include_usage)
+
+
+def _served(
+    state: EndpointState, chat: ChatRequest, decision: Answer | StreamFailure, include_usage: bool
+) -> Response:
+    """The response that renders what the engine decided: a stream or a completion."""
+    model = state.spec.model
     if isinstance(decision, StreamFailure):
-        return StreamingResponse(
-            _failing_stream(spec.model, decision), media_type="text/event-stream"
+        return StreamingResponse(_failing_stream(model, decision), media_type="text/event-stream")
+    if chat.stream and state.fault is FaultMode.ABORT_REUSE:
+        # The engine decodes a token a step, so a client's disconnect lands mid-answer; the
+        # request's pages are completed only if its answer is.
+        stream = _answer_stream(
+            model, decision, include_usage, DECODE_STEP_SECONDS, partial(state.complete_pages, chat)
         )
+        return StreamingResponse(stream, media_type="text/event-stream")
     if chat.stream:
         return StreamingResponse(
-            _answer_stream(spec.model, decision, include_usage), media_type="text/event-stream"
+            _answer_stream(model, decision, include_usage), media_type="text/event-stream"
         )
-    return JSONResponse(_completion(spec.model, decision))
+    return JSONResponse(_completion(model, decision))
 
 
 async def tokenize(request: Request) -> Response:

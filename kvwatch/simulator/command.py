@@ -17,6 +17,7 @@ from kvwatch.simulator.spec import FaultMode, Flavour, SimEndpoint
 
 _INT_KEYS = {"window", "kv_pool", "max_input_tokens", "batch_mix_at"}
 _FLOAT_KEYS = {"prefill_tokens_per_second", "ttfb_delay", "token_skew", "token_skew_drift"}
+_BOOL_KEYS = {"prefix_cache"}
 _ENDPOINT_KEYS = [f.name for f in dataclasses.fields(SimEndpoint)]
 
 
@@ -45,6 +46,10 @@ def parse_endpoint(text: str) -> SimEndpoint:
             values[key] = float(values[key])
         except ValueError:
             raise ValueError(f"{key} must be a number, got {values[key]!r}") from None
+    for key in _BOOL_KEYS & values.keys():
+        if values[key] not in ("true", "false"):
+            raise ValueError(f"{key} must be true or false, got {values[key]!r}")
+        values[key] = values[key] == "true"
     if "tenant_keys" in values:  # tenant_keys=sk-a:sk-b, one key per tenant
         values["tenant_keys"] = tuple(values["tenant_keys"].split(":"))
     for key, enum_type in (("fault", FaultMode), ("flavour", Flavour)):

@@ -21,12 +21,19 @@ _SIZES: dict[FaultMode, tuple[int, int]] = {
     FaultMode.THROTTLED: (4096, 4096),
     FaultMode.SERVER_ERROR: (4096, 4096),
     FaultMode.BATCH_MIX: (4096, 4096),
+    FaultMode.PREFIX_COLLISION: (4096, 4096),
+    FaultMode.ABORT_REUSE: (4096, 4096),
 }
 # The demo's batch_mix endpoint mixes from 3 requests in flight, so every burst size of the
 # default list (3, 7, 9, 17) shows the leak, not only those past the usual threshold of 8.
 DEMO_BATCH_MIX_AT = 3
 # The endpoints the demo runs the burst probe on: the healthy one passes, batch-mix leaks.
 BURST_DEMO = frozenset({"healthy", "batch-mix"})
+# A healthy endpoint started without prefix caching: its cache probe says cache_not_exercised.
+CACHE_OFF = "prefix-cache-off"
+# The endpoints the demo runs the cache probe on: the healthy one passes, the two cache faults
+# are cache_corrupt, the one without a prefix cache is cache_not_exercised.
+CACHE_DEMO = frozenset({"healthy", "prefix-collision", "abort-reuse", CACHE_OFF})
 
 
 # A healthy endpoint whose vocabulary counts 4 % fewer tokens than the simulator's own:
@@ -36,8 +43,9 @@ ESTIMATED = "estimated"
 
 
 def demo_fleet() -> list[SimEndpoint]:
-    """Endpoints named after their fault (``stale-kv``, ``truncate-head``, ...), and the
-    healthy ``estimated`` one whose tokens kvwatch can only estimate."""
+    """Endpoints named after their fault (``stale-kv``, ``truncate-head``, ...), the healthy
+    ``estimated`` one whose tokens kvwatch can only estimate, and the healthy one without a
+    prefix cache."""
     return [
         SimEndpoint(
             name=fault.value.replace("_", "-"),
@@ -48,7 +56,10 @@ def demo_fleet() -> list[SimEndpoint]:
             batch_mix_at=DEMO_BATCH_MIX_AT,
         )
         for fault, (window, kv_pool) in _SIZES.items()
-    ] + [SimEndpoint(name=ESTIMATED, model=DEMO_MODEL, window=8192, token_skew=-0.04)]
+    ] + [
+        SimEndpoint(name=ESTIMATED, model=DEMO_MODEL, window=8192, token_skew=-0.04),
+        SimEndpoint(name=CACHE_OFF, model=DEMO_MODEL, window=4096, prefix_cache=False),
+    ]
 
 
 def scale_fleet(

@@ -23,6 +23,7 @@ from kvwatch.canary.markers import find_markers
 from kvwatch.canary.model import Message
 from kvwatch.simulator import errors, tokenizer
 from kvwatch.simulator.errors import ErrorBody
+from kvwatch.simulator.prefix import BLOCK_TOKENS, PrefixCache
 from kvwatch.simulator.spec import FaultMode, Flavour, SimEndpoint
 from kvwatch.simulator.traces import ReceivedTraces
 
@@ -55,6 +56,13 @@ BATCH_STEP_SECONDS = 0.2
 _WORD_PLANTED = re.compile(r"Remember this animal: ([a-z]+)")
 # The word an answer ends with: what a mixed batch takes from another request.
 _LAST_WORD = re.compile(r"[a-z]+(?=[^a-z]*$)")
+# How a cache canary (kvwatch.canary.cache) plants a fact and asks for one.
+_FACT_ASKED = re.compile(r"What is the ([a-z]+) code\?")
+_FACT = "The {key} code is "
+# Flavours whose usage carries prompt_tokens_details.cached_tokens, 0 included: llama.cpp's
+# server always (n_prompt_tokens_cache), SGLang with --enable-cache-report, OpenAI. vLLM
+# writes it only when something was cached (and with --enable-prompt-tokens-details).
+_REPORTS_ZERO_CACHED = frozenset({Flavour.LLAMACPP, Flavour.SGLANG, Flavour.OPENAI})
 
 
 def render_chat(messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
@@ -149,6 +157,8 @@ class Answer:
     prefilled_tokens: int  # what was actually processed
     # The prefilled text, written to the KV pages once served (None: nothing worth keeping).
     prefilled_text: str | None
+    # usage.prompt_tokens_details.cached_tokens as the engine reports it (None: not sent).
+    cached_tokens: int | None = None
 
     @property
     def text(self) -> str:
@@ -198,6 +208,7 @@ class EndpointState:
         self.fault = spec.fault
         self.pool = KVPagePool(spec.pool_tokens)
         self.stats = EndpointStats()
+        self.prefix = PrefixCache(spec.pool_tokens // BLOCK_TOKENS)
         self._tokenizer = tokenizer.Tokenizer(spec.token_skew)
         # The requests being served now, in arrival order: the batch an engine steps.
         self.in_flight: list[InFlight] = []
@@ -230,8 +241,41 @@ class EndpointState:
     def handle(self, request: ChatRequest) -> Decision:
         """Decide on ``request`` and record its effects (counters, KV pages)."""
         decision = decide(self.spec, self.fault, self.pool, request, self.tokenizer)
+        if isinstance(decision, Answer) and decision.prefilled_text == request.prompt_text():
+            decision = self._through_prefix_cache(request, decision)
         self.record(decision, tenant=request.tenant)
         return decision
+
+    def _through_prefix_cache(self, request: ChatRequest, decision: Answer) -> Answer:
+        """A prompt read whole, served through the prefix cache: the cached blocks' stored
+        text is what the model attends to there, and usage says how much was cached."""
+        if not self.spec.prefix_cache:
+            return dataclasses.replace(decision, cached_tokens=self._reported(0))
+        pieces = tokenizer.tokenize(decision.prefilled_text or "")
+        hit = self.prefix.lookup(pieces, collide=self.fault is FaultMode.PREFIX_COLLISION)
+        # abort_reuse: a streamed request's pages are cached before they are filled; they
+        # are completed when its answer is (complete_pages), never if it is aborted.
+        half = len(pieces) // BLOCK_TOKENS // 2
+        pending = self.fault is FaultMode.ABORT_REUSE and request.stream
+        self.prefix.insert(pieces, filled_blocks=half if pending else None)
+        answer = decision
+        if hit.attended != decision.prefilled_text:
+            words = tokenizer.tokenize(recall(hit.attended))
+            limit = request.max_tokens or len(words)
+            answer = dataclasses.replace(decision, pieces=tuple(words[:limit]))
+        return dataclasses.replace(answer, cached_tokens=self._reported(hit.tokens))
+
+    def complete_pages(self, request: ChatRequest) -> None:
+        """A streamed request's answer was sent whole: its pages hold its tokens now."""
+        if self.spec.prefix_cache:
+            self.prefix.insert(tokenizer.tokenize(request.prompt_text()))
+
+    def _reported(self, cached: int) -> int | None:
+        if self.spec.flavour in _REPORTS_ZERO_CACHED:
+            return cached
+        if self.spec.flavour is Flavour.VLLM:
+            return cached or None
+        return None
 
     def arrive(self, decision: Served) -> InFlight:
         """``decision``'s request joins the running batch."""
@@ -273,6 +317,11 @@ def recall(attended: str, *, can_recall: bool = True) -> str:
     question, so a cut that removes one of them still leaves it the other, as a real model
     would read what is left.
     """
+    facts = _FACT_ASKED.findall(attended)
+    if facts:
+        # A cache canary's question: the code planted for the key asked last (the question
+        # ends the prompt), first as planted in what it attended to.
+        return _fact(attended, facts[-1]) if can_recall else NOT_FOUND
     found = list(dict.fromkeys(find_markers(attended))) if can_recall else []
     asked = _ASKED_FOR.search(attended)
     wanted = int(asked.group(1)) if asked else 1
@@ -282,6 +331,14 @@ def recall(attended: str, *, can_recall: bool = True) -> str:
     if planted and can_recall:
         answer = f"{answer} {planted.group(1)}"
     return answer
+
+
+def _fact(attended: str, key: str) -> str:
+    at = attended.find(_FACT.format(key=key))
+    if at < 0:
+        return NOT_FOUND
+    codes = find_markers(attended[at : at + 80])
+    return f"The {key} code is {codes[0]}." if codes else NOT_FOUND
 
 
 def mix_batch(batch: Sequence[Served], position: int, *, at: int, how: str) -> Served:

@@ -34,6 +34,12 @@ What each fault does here (prompt sizes are the upstream's own count, ``/apply-t
   another request (vLLM #6023: "responses from other requests"), HTTP 200. (``mix``, one
   answer carrying part of another's, has no real-model equivalent: refused at start.)
 
+- ``prefix_collision``: the proxy keeps a prefix cache of the prompts it forwarded (the
+  simulator's, 16-token blocks of the last message); a prompt that departs from a cached one
+  after sharing its first part is forwarded with the earlier prompt's text past that point (as
+  a colliding or stale entry would serve its pages), so the real model answers from the earlier
+  document. The upstream's own cache and its usage report are left as they are.
+
 ``report_usage: sent`` makes a cut or swapped prompt report the tokens sent instead of the
 tokens the upstream read (an engine that lies about usage). Everything else (``/v1/models``,
 ``/tokenize``, ``/apply-template``, ``/props``, ``/slots``, ``/health``, ...) is passed through
@@ -59,8 +65,9 @@ from starlette.routing import Route
 
 from kvwatch.canary.model import Rejection
 from kvwatch.engines.rejections import classify_rejection
-from kvwatch.simulator import errors
+from kvwatch.simulator import errors, tokenizer
 from kvwatch.simulator.model import BATCH_STEP_SECONDS, PLACEHOLDER_TOKENS
+from kvwatch.simulator.prefix import PrefixCache
 from kvwatch.simulator.server import SHUTDOWN_GRACE_SECONDS, _bind, _EmbeddedServer
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.simulator.traces import TRACE_HEADERS
@@ -75,6 +82,7 @@ PROXY_FAULTS = frozenset(
         FaultMode.STREAM_ERROR_FRAME,
         FaultMode.WRONG_STATUS,
         FaultMode.BATCH_MIX,
+        FaultMode.PREFIX_COLLISION,
     }
 )
 # Faults that need the prompt's size before anything is sent.
@@ -94,6 +102,8 @@ _FRAME_END = re.compile(rb"\r?\n\r?\n")
 _DONE = b"data: [DONE]\n\n"
 
 Messages = list[dict[str, Any]]
+# prefix_collision: blocks of forwarded prompts the proxy keeps (16 tokens each: 1M tokens).
+PROXY_CACHE_BLOCKS = 65_536
 
 
 class ProxyError(Exception):
@@ -138,6 +148,8 @@ class ProxyEndpoint:
     stats: ProxyStats = field(default_factory=ProxyStats)
     # batch_mix: the prompts of the requests in flight, in arrival order (each its own list).
     in_flight: list[Messages] = field(default_factory=list)
+    # prefix_collision: the prompts forwarded, as a prefix cache holds them.
+    prefix: PrefixCache = field(default_factory=lambda: PrefixCache(PROXY_CACHE_BLOCKS))
 
     def leave(self, messages: Messages) -> None:
         """A batch_mix request is done: it leaves the batch."""
@@ -369,6 +381,8 @@ class ProxyApp:
         fault, headers = state.fault, _headers(request)
         if fault is FaultMode.BATCH_MIX:
             return await self._batched(state, body, messages, headers)
+        if fault is FaultMode.PREFIX_COLLISION:
+            body = _collided(state, body, messages)
         if fault in _POOL_FAULTS:
             sent = await self.upstream.count_prompt(messages, headers)
             if sent > state.spec.pool_tokens:
@@ -649,3 +663,20 @@ async def run_proxy(
             server.should_exit = True
             await task
             sock.close()
+
+
+def _collided(state: ProxyEndpoint, body: dict[str, Any], messages: Messages) -> dict[str, Any]:
+    """prefix_collision: the request with its last message as a colliding prefix cache
+    serves it (the earlier prompt's text past the shared part); unchanged when nothing
+    collides. The message is then cached as sent."""
+    last = messages[-1]
+    content = last.get("content") if isinstance(last, dict) else None
+    if not isinstance(content, str):
+        return body
+    pieces = tokenizer.tokenize(content)
+    hit = state.prefix.lookup(pieces, collide=True)
+    state.prefix.insert(pieces)
+    if hit.attended == content:
+        return body
+    state.stats.injected += 1
+    return body | {"messages": [*messages[:-1], {**last, "content": hit.attended}]}

@@ -105,12 +105,15 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     return None
 
 
-def _usage(answer: Answer) -> dict[str, int]:
-    return {
+def _usage(answer: Answer) -> dict[str, Any]:
+    usage: dict[str, Any] = {
         "prompt_tokens": answer.prompt_tokens,
         "completion_tokens": answer.completion_tokens,
         "total_tokens": answer.prompt_tokens + answer.completion_tokens,
     }
+    if answer.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": answer.cached_tokens}
+    return usage
 
 
 def _sse(payload: dict[str, Any]) -> bytes:

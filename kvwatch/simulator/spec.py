@@ -43,6 +43,13 @@ class FaultMode(enum.StrEnum):
     # other requests' responses) or with its own answer carrying another's result (``mix``,
     # TensorRT-LLM #17964: at concurrency 8 every request diverged). All HTTP 200.
     BATCH_MIX = "batch_mix"
+    # The prefix cache serves, past where a prompt departs from a cached one, the earlier
+    # document's later pages: a colliding or stale entry (vLLM #6023, tenstorrent/vllm #415).
+    # The answer carries the earlier document's facts. HTTP 200.
+    PREFIX_COLLISION = "prefix_collision"
+    # An aborted streamed request's half-filled pages enter the prefix cache and are reused
+    # by the next request with the same prefix (SGLang PR #28374). HTTP 200.
+    ABORT_REUSE = "abort_reuse"
 
 
 class Flavour(enum.StrEnum):
@@ -108,6 +115,9 @@ class SimEndpoint:
     # batch_mix: the requests in flight at which answers start to mix, and how they mix.
     batch_mix_at: int = DEFAULT_BATCH_MIX_AT
     batch_mix_how: BatchMixHow = "swap"
+    # Automatic prefix caching (16-token blocks). False: a healthy engine started without it
+    # (vLLM --no-enable-prefix-caching, SGLang --disable-radix-cache): nothing is cached.
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         if not _NAME_RE.fullmatch(self.name):

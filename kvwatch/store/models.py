@@ -118,6 +118,9 @@ class Probe(Base):
     target_prompt_tokens: Mapped[int] = mapped_column(BigInteger)
     reported_prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
     completion_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    # Prompt tokens the engine said it served from its prefix cache (migration 0012); NULL
+    # when it did not say, which is not 0.
+    cached_prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
     max_tokens: Mapped[int] = mapped_column(Integer)
     token_source: Mapped[str] = mapped_column(Text)
     tokenize_calls: Mapped[int] = mapped_column(Integer)

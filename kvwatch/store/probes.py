@@ -44,6 +44,8 @@ from kvwatch.store.records import (
     ProbeRow,
     burst_from_json,
     burst_to_json,
+    cache_from_json,
+    cache_to_json,
     depths_from_json,
     depths_to_json,
     foreign_marker_from_json,
@@ -331,6 +333,7 @@ def probe_row(row: Probe) -> ProbeRow:
         target_prompt_tokens=row.target_prompt_tokens,
         reported_prompt_tokens=row.reported_prompt_tokens,
         completion_tokens=row.completion_tokens,
+        cached_prompt_tokens=row.cached_prompt_tokens,
         max_tokens=row.max_tokens,
         token_source=row.token_source,
         tokenize_calls=row.tokenize_calls,
@@ -355,6 +358,7 @@ def probe_row(row: Probe) -> ProbeRow:
         trace_id=row.trace_id,
         burst=burst_from_json(row.depth_outcomes),
         change_id=row.change_id,
+        cache=cache_from_json(row.depth_outcomes),
     )
 
 
@@ -419,6 +423,7 @@ def _outcome_values(r: ProbeOutcome) -> dict[str, Any]:
         "finished_at": r.finished_at,
         "reported_prompt_tokens": r.reported_prompt_tokens,
         "completion_tokens": r.completion_tokens,
+        "cached_prompt_tokens": r.cached_prompt_tokens,
         "marker_found": r.marker_found,
         "foreign_markers": [foreign_marker_to_json(m) for m in r.foreign_markers],
         "http_status": r.http_status,
@@ -434,10 +439,18 @@ def _outcome_values(r: ProbeOutcome) -> dict[str, Any]:
         "marker_depth": r.marker_depth,
         "token_source": r.token_source,
         # Without an answer the planned markers (written at the start) stay as they are.
-        "depth_outcomes": (
-            burst_to_json(r.burst) if r.burst else depths_to_json(r.depths) if r.depths else None
-        ),
+        "depth_outcomes": _evidence(r),
     }
+
+
+def _evidence(r: ProbeOutcome) -> list[dict[str, Any]] | None:
+    """The per-marker evidence column: a burst's requests, a cache probe's steps, or one
+    entry per depth."""
+    if r.burst:
+        return burst_to_json(r.burst)
+    if r.cache:
+        return cache_to_json(r.cache)
+    return depths_to_json(r.depths) if r.depths else None
 
 
 def _outcome_params(r: ProbeOutcome) -> dict[str, Any]:
@@ -466,6 +479,7 @@ _OUTCOME_COLUMNS = (
     "finished_at",
     "reported_prompt_tokens",
     "completion_tokens",
+    "cached_prompt_tokens",
     "marker_found",
     "foreign_markers",
     "http_status",

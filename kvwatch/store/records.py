@@ -15,6 +15,8 @@ from kvwatch.canary.localise import classify
 from kvwatch.canary.model import (
     BurstOutcome,
     BurstRequest,
+    CacheOutcome,
+    CacheStep,
     DepthOutcome,
     DepthResult,
     ForeignMarker,
@@ -49,8 +51,9 @@ class NewProbe:
     # Every marker with its depth when the prompt carries one per depth (``marker`` is the
     # first); each is stored in ``markers`` too, so a leaked one names this probe.
     placements: Sequence[Placement] = ()
-    # A burst probe's markers besides ``marker`` (one per concurrent request), each stored
-    # in ``markers`` too before any request goes out.
+    # A burst probe's markers besides ``marker`` (one per concurrent request), or a cache
+    # probe's (one per planted fact), each stored in ``markers`` too before any request goes
+    # out.
     burst_markers: Sequence[str] = ()
 
 
@@ -63,6 +66,8 @@ class ProbeOutcome:
     finished_at: datetime
     reported_prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    # Prompt tokens the engine said it served from its cache (a cache probe: over its steps).
+    cached_prompt_tokens: int | None = None
     marker_found: bool | None = None
     foreign_markers: Sequence[ForeignMarker] = ()
     http_status: int | None = None
@@ -76,6 +81,8 @@ class ProbeOutcome:
     depths: Sequence[DepthResult] = ()
     # Per request of a burst probe (answers bounded by the caller).
     burst: Sequence[BurstRequest] = ()
+    # Per step of a cache probe (answers bounded by the caller).
+    cache: Sequence[CacheStep] = ()
 
     # What planning settled. A scheduled probe's row is begun before it is planned (its slot
     # claim and its start are one transaction, and a replica that loses the claim must not
@@ -138,6 +145,9 @@ class ProbeRow:
     trigger_probe_id: int | None = None  # a bisect probe's trigger (the failing probe)
     depths: tuple[DepthEvidence, ...] = ()  # empty for a single-marker probe
     trace_id: str | None = None  # the trace its requests carried; None: off, or older rows
+    cache: tuple[CacheStep, ...] = ()  # per step of a cache probe, once judged
+    # Prompt tokens the engine said it served from its cache; None: not said, or older rows.
+    cached_prompt_tokens: int | None = None
     burst: tuple[BurstRequest, ...] = ()  # per request of a burst probe, once judged
     change_id: int | None = None  # the endpoint change whose canaries it is; None: scheduled
 
@@ -240,7 +250,7 @@ def depths_from_json(data: list[dict[str, Any]] | None) -> tuple[DepthEvidence, 
             outcome=None if d.get("outcome") is None else str(d["outcome"]),
         )
         for d in data or ()
-        if "depth" in d  # a burst's entries are per request (burst_from_json)
+        if "depth" in d  # a burst's or cache probe's entries are not (burst_ / cache_from_json)
     )
 
 
@@ -289,6 +299,54 @@ def burst_from_json(data: list[dict[str, Any]] | None) -> tuple[BurstRequest, ..
             answer=None if d.get("answer") is None else str(d["answer"]),
         )
         for d in entries
+    )
+
+
+def cache_to_json(steps: Sequence[CacheStep]) -> list[dict[str, Any]]:
+    """A cache probe's steps as stored (in the per-marker evidence, ``depth_outcomes``, as a
+    burst's requests are: a cache probe carries one marker per planted fact)."""
+    return [
+        {
+            "step": s.step,
+            "document": s.document,
+            "key": s.key,
+            "expected": s.expected,
+            "outcome": s.outcome.value,
+            "status": s.status,
+            "cached_tokens": s.cached_tokens,
+            "prompt_tokens": s.prompt_tokens,
+            "completion_tokens": s.completion_tokens,
+            "code_found": s.code_found,
+            "answered": list(s.answered),
+            "foreign": list(s.foreign),
+            "detail": s.detail,
+            "answer": s.answer,
+        }
+        for s in steps
+    ]
+
+
+def cache_from_json(data: list[dict[str, Any]] | None) -> tuple[CacheStep, ...]:
+    """A cache probe's stored steps; empty for any other probe (or one never judged)."""
+    return tuple(
+        CacheStep(
+            step=str(d["step"]),
+            document=str(d["document"]),
+            key=str(d["key"]),
+            expected=str(d["expected"]),
+            outcome=CacheOutcome(d["outcome"]),
+            status=_int_or_none(d.get("status")),
+            cached_tokens=_int_or_none(d.get("cached_tokens")),
+            prompt_tokens=_int_or_none(d.get("prompt_tokens")),
+            completion_tokens=_int_or_none(d.get("completion_tokens")),
+            code_found=bool(d.get("code_found")),
+            answered=tuple(str(a) for a in d.get("answered") or ()),
+            foreign=tuple(int(i) for i in d.get("foreign") or ()),
+            detail=None if d.get("detail") is None else str(d["detail"]),
+            answer=None if d.get("answer") is None else str(d["answer"]),
+        )
+        for d in data or ()
+        if "step" in d
     )
 
 

@@ -261,6 +261,7 @@ def _probe_pages(
             excerpt=settings.excerpt(row.answer_excerpt),
             withheld=row.answer_excerpt is not None and not settings.answer_excerpts,
             burst_answers=[settings.excerpt(b.answer) for b in row.burst],
+            cache_answers=[settings.excerpt(c.answer) for c in row.cache],
             confirmations=queries.confirmations_of(row.id),
         )
 

@@ -12,6 +12,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvwatch.canary.model import BurstRequest as BurstEvidence
+from kvwatch.canary.model import CacheStep as CacheEvidence
 from kvwatch.canary.model import ProbeKind
 from kvwatch.store.changes import ChangeRecord
 from kvwatch.store.queries import EndpointOverview, ProbeBrief, Summary
@@ -157,6 +158,36 @@ class BurstRequest(_Model):
     answer: str | None = Field(description="Bounded answer; null when withheld by configuration.")
 
 
+class CacheStep(_Model):
+    step: str = Field(
+        description="cold | warm | branch | abort | reuse | return | control, in the order sent."
+    )
+    document: str = Field(
+        description="The planted document asked about: A, A' (A's first part, then other "
+        "codes), B, or an earlier cycle's (return)."
+    )
+    key: str = Field(description="The fact asked for.")
+    expected: str = Field(description="The code planted for it (a kvwatch marker).")
+    outcome: str = Field(
+        description="right | wrong | foreign (another probe's marker) | failed (no usable "
+        "answer) | aborted (the abort step, disconnected after its first chunk as planned)."
+    )
+    cached_tokens: int | None = Field(
+        description="Prompt tokens the engine said it served from its prefix cache; null when "
+        "it did not say (absent is not 0)."
+    )
+    code_found: bool = Field(description="The answer gave the expected code.")
+    answered: list[str] = Field(
+        description='Other codes of the cycle the answer gave, as "<document> <key>".'
+    )
+    foreign_probe_ids: list[int] = Field(description="Other probes whose markers it held.")
+    status: int | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    detail: str | None = Field(description="Why a failed step gave no answer.")
+    answer: str | None = Field(description="Bounded answer; null when withheld by configuration.")
+
+
 class Probe(_Model):
     id: int
     url: str
@@ -200,6 +231,15 @@ class Probe(_Model):
     burst: list[BurstRequest] = Field(
         default_factory=list,
         description="A burst probe's requests, the solo one first; empty for other kinds.",
+    )
+    cache: list[CacheStep] = Field(
+        default_factory=list,
+        description="A cache probe's steps, in the order sent; empty for other kinds.",
+    )
+    cached_prompt_tokens: int | None = Field(
+        default=None,
+        description="Prompt tokens the engine said it served from its prefix cache (a cache "
+        "probe: over its steps); null when it did not say.",
     )
     http_status: int | None
     finish_reason: str | None
@@ -432,6 +472,8 @@ def probe(settings: WebSettings, r: ProbeRow, confirmed_by: list[int]) -> Probe:
         depths=[DepthMarker(depth=d.depth, marker=d.marker, outcome=d.outcome) for d in r.depths],
         lost=lost_part(r.depths),
         burst=[_burst_request(b, settings) for b in r.burst],
+        cache=[_cache_step(c, settings) for c in r.cache],
+        cached_prompt_tokens=r.cached_prompt_tokens,
         http_status=r.http_status,
         finish_reason=r.finish_reason,
         streamed=r.streamed,
@@ -503,4 +545,23 @@ def _burst_request(b: BurstEvidence, settings: WebSettings) -> BurstRequest:
         completion_tokens=b.completion_tokens,
         detail=b.detail,
         answer=settings.excerpt(b.answer),
+    )
+
+
+def _cache_step(c: CacheEvidence, settings: WebSettings) -> CacheStep:
+    return CacheStep(
+        step=c.step,
+        document=c.document,
+        key=c.key,
+        expected=c.expected,
+        outcome=c.outcome.value,
+        cached_tokens=c.cached_tokens,
+        code_found=c.code_found,
+        answered=list(c.answered),
+        foreign_probe_ids=list(c.foreign),
+        status=c.status,
+        prompt_tokens=c.prompt_tokens,
+        completion_tokens=c.completion_tokens,
+        detail=c.detail,
+        answer=settings.excerpt(c.answer),
     )

@@ -18,8 +18,8 @@ from kvwatch.canary.model import SEVERITY, Severity, Verdict
 
 
 def test_every_failing_verdict_raises_exactly_one_alert() -> None:
-    """Pass, over_truncated, throttled and sizing_miss raise nothing; every other verdict
-    raises one named alert."""
+    """Pass, over_truncated, throttled, sizing_miss and cache_not_exercised raise nothing;
+    every other verdict raises one named alert."""
     policy = default_policy()
     for verdict in Verdict:
         alert = policy.alert_for(verdict)
@@ -28,6 +28,7 @@ def test_every_failing_verdict_raises_exactly_one_alert() -> None:
             Verdict.OVER_TRUNCATED,
             Verdict.THROTTLED,
             Verdict.SIZING_MISS,
+            Verdict.CACHE_NOT_EXERCISED,
         ):
             assert alert is None
         else:
@@ -57,9 +58,10 @@ def test_the_runbook_url_is_anchored_on_the_lower_case_alert_name() -> None:
         (
             {"overrides": {"KVWatchNope": {"fire_after": 2}}},
             "alerts.KVWatchNope: unknown alert (known: KVWatchBurstWrong, "
-            "KVWatchCanaryIneffective, KVWatchCapacityMismatch, KVWatchContextNotHonored, "
-            "KVWatchCrossRequestLeak, KVWatchCrossTenantLeak, KVWatchLimitNotEnforced, "
-            "KVWatchProbeFailing, KVWatchWindowNotServed, KVWatchWrongRejection)",
+            "KVWatchCacheCorrupt, KVWatchCanaryIneffective, KVWatchCapacityMismatch, "
+            "KVWatchContextNotHonored, KVWatchCrossRequestLeak, KVWatchCrossTenantLeak, "
+            "KVWatchLimitNotEnforced, KVWatchProbeFailing, KVWatchWindowNotServed, "
+            "KVWatchWrongRejection)",
         ),
         (
             {"overrides": {PROBE_FAILING: {"for": "5m"}}},

@@ -127,3 +127,25 @@ def test_check_config_lists_each_discovery_source_with_its_kind_and_interval(tmp
     lines = result.stdout.splitlines()
     assert "  DISCOVERY: fleet (file_sd, every 5m)" in lines
     assert "  DISCOVERY: k8s (http_sd, every 30s)" in lines
+
+
+def test_check_config_says_how_to_enable_cache_reporting_on_each_cache_endpoint(tmp_path):
+    """An endpoint with the cache probe gets a NOTE naming its engine's flag; others none."""
+    (tmp_path / "kvwatch.yaml").write_text(
+        "endpoints:\n"
+        "  - {name: v, url: 'http://10.0.0.1:8000/v1', model: m, flavour: vllm, probes: [cache]}\n"
+        "  - {name: s, url: 'http://10.0.0.2:8000/v1', model: m, flavour: sglang,"
+        " probes: [cache]}\n"
+        "  - {name: l, url: 'http://10.0.0.3:8000/v1', model: m, flavour: llamacpp,"
+        " probes: [cache]}\n"
+        "  - {name: plain, url: 'http://10.0.0.4:8000/v1', model: m, flavour: vllm}\n"
+    )
+    result = run("check-config", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stdout.splitlines() if "NOTE:" in line]
+    assert len(notes) == 3
+    assert "v: vLLM caches prefixes by default" in notes[0]
+    assert "--enable-prompt-tokens-details" in notes[0]
+    assert "s: SGLang" in notes[1] and "--enable-cache-report" in notes[1]
+    assert "l: llama.cpp's server caches the prompt by default" in notes[2]
+    assert all("cache_not_exercised (info, never a page)" in n for n in notes)

@@ -76,3 +76,32 @@ def test_probe_kind_burst_gates_on_the_batch_path(tmp_path: Path) -> None:
     assert "  request solo" in shown.stdout and " RIGHT: animal " in shown.stdout
     assert shown.stdout.count(" LEAK: animal ") == 3
     assert "holds the marker of request 2" in shown.stdout
+
+
+def test_probe_kind_cache_gates_on_the_prefix_cache_path(tmp_path: Path) -> None:
+    """`kvwatch probe NAME --kind cache`: exit 0 on a healthy cache, 1 (cache_corrupt) on one
+    whose entries collide; `kvwatch show` then lists each step with its cached tokens."""
+    with simulator_process(
+        "name=ok,window=4096",
+        "name=collides,window=4096,fault=prefix_collision",
+        log=tmp_path / "sim.log",
+    ) as sim:
+        outcomes = {}
+        for name in ("ok", "collides"):
+            config = tmp_path / f"{name}.yaml"
+            config.write_text(
+                f"database: sqlite:///{tmp_path / 'kvwatch.db'}\nendpoints:\n"
+                f"  - {{name: {name}, url: '{sim}/{name}/v1', model: sim-1, context_window: 4096,"
+                " confirm: false, cache: {document_tokens: 512}}\n"
+            )
+            result = CliRunner().invoke(
+                main,
+                ["probe", name, "--kind", "cache", "--output", "json", "--config", str(config)],
+            )
+            first = json.loads(result.stdout.splitlines()[0])
+            outcomes[name] = (result.exit_code, first["verdict"])
+        shown = CliRunner().invoke(main, ["show", str(first["probe_id"]), "--config", str(config)])
+    assert outcomes == {"ok": (0, "pass"), "collides": (1, "cache_corrupt")}
+    assert "  step cold     A " in shown.stdout and " RIGHT" in shown.stdout
+    assert "  step control  A" in shown.stdout
+    assert ", gave the code of A " in shown.stdout

@@ -56,6 +56,7 @@ def test_it_loads_the_design_example_and_resolves_every_field() -> None:
             ProbeKind.EDGE: 600.0,
             ProbeKind.BISECT: 600.0,
             ProbeKind.BURST: 300.0,
+            ProbeKind.CACHE: 300.0,
             ProbeKind.BISECT: 600.0,
         },
         max_tokens=16,
@@ -114,6 +115,7 @@ def test_it_inherits_defaults_and_merges_timeouts_key_by_key() -> None:
         ProbeKind.EDGE: 600.0,
         ProbeKind.BISECT: 600.0,
         ProbeKind.BURST: 300.0,
+        ProbeKind.CACHE: 300.0,
     }
 
 
@@ -379,3 +381,18 @@ def test_burst_settings_inherit_from_defaults_and_an_endpoint_overrides_them() -
     assert first.probes == (ProbeKind.BURST,)
     assert (first.burst_sizes, first.burst_prompt_tokens) == ((5, 11), 256)
     assert (second.burst_sizes, second.burst_prompt_tokens) == ((3,), 512)
+
+
+def test_the_cache_probe_takes_its_document_size_and_returning_session_from_defaults() -> None:
+    """cache: {document_tokens, return_after} in defaults, overridden per endpoint; the
+    returning session is off unless asked for."""
+    config = parse_config(
+        "defaults:\n  cache: {document_tokens: 2000, return_after: 30m}\n"
+        "endpoints:\n"
+        "  - {name: a, url: 'http://h/v1', model: m, probes: [cache]}\n"
+        "  - {name: b, url: 'http://h/v1', model: m, cache: {document_tokens: 512}}\n"
+    )
+    a, b = config.resolved_endpoints()
+    assert (a.cache_document_tokens, a.cache_return_after) == (2000, 1800.0)
+    assert (b.cache_document_tokens, b.cache_return_after) == (512, None)
+    assert ProbeKind.CACHE in a.probes and ProbeKind.CACHE not in b.probes

@@ -123,6 +123,39 @@ def test_a_burst_costs_its_solo_request_and_the_average_burst_every_cycle():
     assert cost.completion_tokens_per_day == 10 * 48 * 288
 
 
+def test_a_cache_cycle_costs_five_documents_most_of_them_served_from_the_cache():
+    """document_tokens 3000: five prompts of 3000 a cycle; warm and reuse whole and the
+    branch up to its 0.6 split are expected from the cache (7,800), so 7,200 are prefilled;
+    four answers of up to 40 tokens and the abort step's one."""
+    text = ONE_M + "    probes: [cache]\n"
+    (cost,) = plan_costs(parse_config(text).resolved_endpoints())
+    assert cost.kind is ProbeKind.CACHE
+    assert (cost.prompt_tokens, cost.cached_prompt_tokens) == (15000, 7800)
+    assert cost.prefill_tokens_per_day == 7200 * 288
+    assert cost.completion_tokens_per_day == 161 * 288
+    assert cost.returning_after_seconds is None
+
+
+def test_a_returning_session_adds_a_cached_step_and_plan_shows_its_age(tmp_path):
+    """cache.return_after 30m: six prompts, the returning one expected from the cache; the
+    table's note gives the tokens of a cycle and the age it tests."""
+    text = ONE_M + "    probes: [cache]\n    cache: {document_tokens: 2000, return_after: 30m}\n"
+    (cost,) = plan_costs(parse_config(text).resolved_endpoints())
+    assert (cost.prompt_tokens, cost.cached_prompt_tokens) == (12000, 7200)
+    assert cost.returning_after_seconds == 1800
+    (tmp_path / "kvwatch.yaml").write_text(text)
+    table = subprocess.run(
+        kvwatch_cmd("plan"), cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert table.returncode == 0, table.stderr
+    assert (
+        "NOTE: glm-prod: a cache cycle sends 12,000 prompt tokens, of which about 7,200 should "
+        "be served from the prefix cache (only the rest is prefilled), and up to 201 answer "
+        "tokens; its returning session asks about a document 30m old (kept in memory: a "
+        "restart loses them)"
+    ) in table.stdout
+
+
 BUDGETED = ONE_M.replace("    interval: 5m\n", "    budget: {tokens_per_day: 20000000}\n")
 
 

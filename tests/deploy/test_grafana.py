@@ -177,3 +177,15 @@ def test_a_panel_shows_the_burst_probes_verdicts_and_names_its_alerts() -> None:
     assert "kvwatch_probes_total" in panel["targets"][0]["expr"]
     assert "KVWatchBurstWrong" in panel["description"]
     assert "KVWatchCrossRequestLeak" in panel["description"]
+
+
+def test_a_panel_shows_the_cache_probes_verdicts_and_names_its_alert() -> None:
+    """The prefix-cache path has its own panel: cache probes by verdict, its alert named."""
+    (panel,) = [
+        p
+        for p in dashboard()["panels"]
+        if any('probe="cache"' in t.get("expr", "") for t in p.get("targets", []))
+    ]
+    assert "kvwatch_probes_total" in panel["targets"][0]["expr"]
+    assert "KVWatchCacheCorrupt" in panel["description"]
+    assert "cache_not_exercised" in panel["description"]

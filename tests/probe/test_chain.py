@@ -152,9 +152,10 @@ def test_a_search_starts_after_a_confirmed_or_a_warning_window_failure_of_a_plan
         assert starts_search(link, confirm=confirm, planned=planned) is expected
 
 
-def test_the_tenant_kinds_and_the_window_kinds_are_under_and_edge() -> None:
-    """The one definition of {under, edge}."""
-    assert TENANT_KINDS == WINDOW_KINDS == {K.UNDER, K.EDGE}
+def test_the_window_kinds_are_under_and_edge_and_the_cache_probe_also_rotates_tenants() -> None:
+    """The one definition of {under, edge}; the cache probe's slots rotate tenants too."""
+    assert {K.UNDER, K.EDGE} == WINDOW_KINDS
+    assert {K.UNDER, K.EDGE, K.CACHE} == TENANT_KINDS
 
 
 def test_a_claim_lasts_two_deadlines_and_a_margin() -> None:

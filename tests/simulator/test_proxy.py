@@ -44,6 +44,7 @@ PROXIED = [
     proxied("frame", FaultMode.STREAM_ERROR_FRAME),
     proxied("status", FaultMode.WRONG_STATUS),
     proxied("batch", FaultMode.BATCH_MIX, batch_mix_at=3),
+    proxied("collides", FaultMode.PREFIX_COLLISION),
 ]
 
 
@@ -174,13 +175,15 @@ async def test_the_fault_can_be_switched_while_running(rig: Rig) -> None:
 
 
 async def test_faults_a_real_model_cannot_act_out_are_refused_at_start() -> None:
-    """no_recall, throttled, server_error and window_not_served have no proxy equivalent."""
+    """no_recall, throttled, server_error and window_not_served have no proxy equivalent;
+    abort_reuse is not played by the proxy yet."""
     unsupported = [f for f in FaultMode if f not in PROXY_FAULTS]
     assert {f.value for f in unsupported} == {
         "no_recall",
         "throttled",
         "server_error",
         "window_not_served",
+        "abort_reuse",
     }
     for fault in unsupported:
         with pytest.raises(ValueError, match="not available in proxy mode"):
@@ -252,3 +255,19 @@ async def test_batch_mix_that_mixes_one_answer_into_another_is_refused_in_proxy_
     with pytest.raises(ValueError, match="batch_mix_how mix is not available in proxy mode"):
         async with run_proxy("http://127.0.0.1:9", [endpoint]):
             pass
+
+
+async def test_prefix_collision_answers_the_cache_probe_from_the_earlier_document(rig: Rig) -> None:
+    """The proxy serves earlier text past where A' departs from A: the upstream answers the
+    branch with another planted code; the control (no shared prefix) is right:
+    cache_corrupt."""
+    report = await rig.runner.run(rig.targets["collides"], ProbeKind.CACHE)
+    assert report.verdict is Verdict.CACHE_CORRUPT, report.reason
+    row = get_probe(rig.runner.store, report.probe_id)
+    assert row is not None
+    steps = {s.step: s for s in row.cache}
+    assert steps["cold"].outcome.value == "right"
+    # Which earlier code it gives depends on where the blocks fall: always another one.
+    assert steps["branch"].outcome.value == "wrong" and steps["branch"].answered
+    assert steps["control"].outcome.value == "right"
+    assert rig.proxy.stats()["collides"]["injected"] >= 1

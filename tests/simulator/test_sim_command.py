@@ -73,10 +73,12 @@ def test_the_command_reports_a_bad_endpoint_as_a_usage_error() -> None:
 
 def test_the_demo_fleet_has_one_endpoint_per_fault_with_small_windows() -> None:
     """Healthy plus every fault mode once, windows of 4,096-8,192, KV gaps where needed; and
-    one more healthy endpoint whose vocabulary is not the simulator's own."""
+    two more healthy endpoints: one whose vocabulary is not the simulator's own, one without
+    a prefix cache."""
     fleet = demo_fleet()
-    assert sorted(e.fault for e in fleet) == sorted([*FaultMode, FaultMode.HEALTHY])
+    assert sorted(e.fault for e in fleet) == sorted([*FaultMode, *[FaultMode.HEALTHY] * 2])
     assert [e.name for e in fleet if e.token_skew] == ["estimated"]
+    assert [e.name for e in fleet if not e.prefix_cache] == ["prefix-cache-off"]
     assert len({e.name for e in fleet}) == len(fleet)
     assert all(4096 <= e.window <= 8192 for e in fleet)
     for e in fleet:

@@ -51,6 +51,8 @@ def _leaked_probe(ids: dict[str, int], **overrides: Any) -> dict[str, Any]:
         "depths": [],
         "lost": None,
         "burst": [],
+        "cache": [],
+        "cached_prompt_tokens": None,
         "http_status": 200,
         "finish_reason": "stop",
         "streamed": True,

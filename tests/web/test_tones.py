@@ -26,6 +26,8 @@ EXPECTED = {
     "sizing_miss": "muted",
     "burst_leak": "critical",
     "burst_wrong": "critical",
+    "cache_corrupt": "critical",
+    "cache_not_exercised": "info",
 }
 
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from kvwatch.canary.model import ProbeKind
 from kvwatch.probe.job import Prober
-from kvwatch.probe.kinds import bisect, boundary, burst, capacity, edge
+from kvwatch.probe.kinds import bisect, boundary, burst, cache, capacity, edge
 
 PROBERS: Mapping[ProbeKind, Prober] = {
     ProbeKind.UNDER: boundary.PROBER,
@@ -19,4 +19,5 @@ PROBERS: Mapping[ProbeKind, Prober] = {
     ProbeKind.EDGE: edge.PROBER,
     ProbeKind.BISECT: bisect.PROBER,
     ProbeKind.BURST: burst.PROBER,
+    ProbeKind.CACHE: cache.PROBER,
 }
