@@ -14,7 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from kvwatch.canary.model import ProbeKind
-from kvwatch.phase import slot_for
+from kvwatch.phase import phase_ms, slot_for
 from kvwatch.scheduler import ProbeScheduler, SlotTrigger
 from kvwatch.simulator.command import parse_window_range
 from kvwatch.simulator.fleet import scale_fleet
@@ -74,7 +74,8 @@ async def test_a_scheduled_probe_logs_its_slot_and_how_late_it_started(
     line = probes[0]
     assert isinstance(line["lag_seconds"], float)
     assert 0 <= line["lag_seconds"] < 5
-    now = datetime.now(UTC).timestamp()
+    # The slot a run belongs to starts at its name plus the job's phase (kvwatch.phase).
+    now = datetime.now(UTC).timestamp() - phase_ms("ep", "baseline", 3600) / 1000
     assert isinstance(line["slot"], int) and now - 3600 < line["slot"] <= now
     assert line["slot"] % 3600 == 0
 
