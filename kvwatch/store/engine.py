@@ -11,7 +11,10 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from kvwatch.store.errors import StoreError
 
-SQLITE_BUSY_TIMEOUT_MS = 5000
+# How long a SQLite connection waits for another's lock before "database is locked". Long,
+# because giving up is worse than waiting: the daemon's start-up migration failed when a reader
+# (the CLI's history, a test's poller) held a lock through a 5 s stall of a loaded machine.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
 # The daemon runs a handful of probe jobs at once through asyncio.to_thread; a small pool with
 # a little overflow covers them plus the web layer without hogging a shared server.
 POSTGRES_POOL_SIZE = 5
@@ -65,7 +68,9 @@ def _sqlite_engine(url: URL) -> Engine:
             f"database directory {directory} does not exist (from "
             f"{url.render_as_string(hide_password=True)}); create it first"
         )
-    engine = _create(url, {})
+    # sqlite3's own timeout is the busy wait from the moment of connecting, so it covers the
+    # journal_mode pragma below too (which runs before busy_timeout is set, and needs a lock).
+    engine = _create(url, {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}})
     event.listen(engine, "connect", _sqlite_pragmas)
     return engine
 

@@ -24,7 +24,7 @@ def test_each_backend_is_configured_for_a_long_running_daemon(db_url: str) -> No
             with engine.connect() as one, engine.connect() as two:
                 for connection in (one, two):
                     assert _pragma(connection, "journal_mode") == "wal"
-                    assert _pragma(connection, "busy_timeout") == 5000
+                    assert _pragma(connection, "busy_timeout") == 30_000
                     assert _pragma(connection, "foreign_keys") == 1
                     assert _pragma(connection, "synchronous") == 1  # NORMAL
         else:
