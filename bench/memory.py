@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,6 +79,9 @@ class Sample:
     at: float  # seconds since kvwatch started
     rss_mb: float
     probes: int  # probes finished so far
+    # glibc malloc's totals (kvwatch_malloc_bytes), MB: RSS that grows while ``allocated``
+    # does not is free space malloc keeps, not live data. Empty where malloc has no figures.
+    malloc_mb: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -183,13 +186,25 @@ def read_web_every(every: float, base: str, fleet: Fleet, run: Run, stop: thread
                 run.web_ok += read_web(client, base, fleet)
 
 
-def internal_entries(client: httpx.Client, base: str) -> dict[str, float]:
-    entries = {}
+def labelled(client: httpx.Client, base: str, name: str) -> dict[str, float]:
+    """The children of the one-label gauge ``name`` on /metrics, by label value."""
+    values = {}
     for line in client.get(base + "/metrics").text.splitlines():
-        if line.startswith("kvwatch_internal_entries{"):
+        if line.startswith(name + "{"):
             labels, value = line.rsplit(" ", 1)
-            entries[labels.split('"')[1]] = float(value)
-    return entries
+            values[labels.split('"')[1]] = float(value)
+    return values
+
+
+def internal_entries(client: httpx.Client, base: str) -> dict[str, float]:
+    return labelled(client, base, "kvwatch_internal_entries")
+
+
+def malloc_mb(client: httpx.Client, base: str) -> dict[str, float]:
+    with contextlib.suppress(httpx.HTTPError):
+        mb = labelled(client, base, "kvwatch_malloc_bytes")
+        return {state: value / 1024 / 1024 for state, value in mb.items()}
+    return {}
 
 
 def snapshot(proc: subprocess.Popen[bytes], prefix: Path, n: int) -> Path:
@@ -204,15 +219,15 @@ def snapshot(proc: subprocess.Popen[bytes], prefix: Path, n: int) -> Path:
     return path
 
 
-def slope(samples: list[Sample]) -> float:
-    """Least-squares slope of RSS over time, MB per second."""
+def slope(samples: list[Sample], value: Callable[[Sample], float] = lambda s: s.rss_mb) -> float:
+    """Least-squares slope of ``value`` (RSS by default) over time, MB per second."""
     n = len(samples)
     if n < 2:
         return float("nan")
     mean_t = sum(s.at for s in samples) / n
-    mean_r = sum(s.rss_mb for s in samples) / n
+    mean_r = sum(value(s) for s in samples) / n
     var = sum((s.at - mean_t) ** 2 for s in samples)
-    return sum((s.at - mean_t) * (s.rss_mb - mean_r) for s in samples) / var
+    return sum((s.at - mean_t) * (value(s) - mean_r) for s in samples) / var
 
 
 @dataclass
@@ -298,9 +313,12 @@ def measure(opts: Options, tmp: Path) -> Run:
                         snaps.append(snapshot(proc, trace_prefix, 1))
                 if now >= next_sample or now >= end:
                     rss, _ = memory_mb(proc.pid)
-                    run.samples.append(Sample(now - start, rss, counter.update()))
+                    sample = Sample(now - start, rss, counter.update(), malloc_mb(client, base))
+                    run.samples.append(sample)
+                    heap = " ".join(f"{k} {v:.1f}" for k, v in sorted(sample.malloc_mb.items()))
                     print(
-                        f"  {now - start:7.0f} s  RSS {rss:7.1f} MB  probes {counter.count}",
+                        f"  {now - start:7.0f} s  RSS {rss:7.1f} MB  probes {counter.count}"
+                        f"  malloc MB: {heap or '-'}",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -363,9 +381,16 @@ def report(opts: Options, run: Run) -> None:
         f"{opts.web_every:g} s, churn {opts.churn} every {opts.churn_every:g} s; "
         f"tracemalloc {'on' if opts.tracemalloc else 'off'}; load at start {run.loadavg}"
     )
-    print("| minute | RSS MB | probes |\n|---|---|---|")
+    states = sorted({state for s in run.samples for state in s.malloc_mb})
+    print(
+        "| minute | RSS MB | probes |"
+        + "".join(f" malloc {state} MB |" for state in states)
+        + "\n|---|---|---|"
+        + "---|" * len(states)
+    )
     for s in run.samples:
-        print(f"| {s.at / 60:.1f} | {s.rss_mb:.1f} | {s.probes} |")
+        heap = "".join(f" {s.malloc_mb.get(state, float('nan')):.1f} |" for state in states)
+        print(f"| {s.at / 60:.1f} | {s.rss_mb:.1f} | {s.probes} |{heap}")
     window = [s for s in run.samples if s.at >= opts.warmup]
     if len(window) >= 2:
         seconds = window[-1].at - window[0].at
@@ -379,6 +404,10 @@ def report(opts: Options, run: Run) -> None:
             f"{rate:.1f} probes/s achieved; "
             f"RSS {window[0].rss_mb:.1f} -> {window[-1].rss_mb:.1f} MB"
         )
+        for state in states:
+            if all(state in s.malloc_mb for s in window):
+                rate_mb = slope(window, lambda s, k=state: s.malloc_mb[k])  # type: ignore[misc]
+                print(f"  malloc {state}: {rate_mb * 3600:+.2f} MB/h")
     else:
         print("after warm-up: fewer than two samples (lengthen --duration)")
     print(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 ENV = "MALLOC_ARENA_MAX"
 ARENAS = 2
@@ -38,3 +39,48 @@ def limit_arenas(environ: Mapping[str, str] = os.environ, arenas: int = ARENAS) 
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     return bool(mallopt(_M_ARENA_MAX, arenas))
+
+
+@dataclass(frozen=True, slots=True)
+class Heap:
+    """What glibc's malloc holds, in bytes (``mallinfo2``, summed over its arenas).
+
+    RSS minus these is mostly Python's own small-object arenas (which it maps itself),
+    thread stacks and loaded libraries.
+    """
+
+    allocated: int  # in chunks the program holds
+    free: int  # in free chunks malloc keeps: freed by the program, not returned to the OS
+    mmapped: int  # in chunks large enough to get a mapping of their own
+
+
+class _MallInfo2(ctypes.Structure):
+    # glibc's struct mallinfo2 (malloc.h, glibc >= 2.33): ten size_t fields in this order.
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def heap() -> Heap | None:
+    """glibc's malloc totals now, or None where there is no ``mallinfo2`` (not glibc, or
+    older than 2.33)."""
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.argtypes = ()
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return Heap(allocated=info.uordblks, free=info.fordblks, mmapped=info.hblkhd)

@@ -22,7 +22,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
-from kvwatch import __version__
+from kvwatch import __version__, arenas
 from kvwatch.alerting.alertmanager import AlertmanagerSettings, TLSSettings
 from kvwatch.alerting.delivery import Delivery
 from kvwatch.alerting.evaluator import KEEP_RETIRED, AlertEvaluator
@@ -41,6 +41,7 @@ from kvwatch.engines.tracing import TraceFormat, TraceSettings, instrument
 from kvwatch.metrics import (
     ConfigMetrics,
     DiscoveryMetrics,
+    MallocCollector,
     ProbeMetrics,
     ServedWindowCollector,
     SizesCollector,
@@ -454,6 +455,7 @@ class Daemon:
             scheduler = ProbeScheduler(built.runner, watcher=watcher)
             self._scheduler = scheduler
             built.registry.register(SizesCollector(functools.partial(_sizes, built, scheduler)))
+            built.registry.register(MallocCollector(arenas.heap))
             scheduler.start(built.targets)
             _start_loops(stack, built, scheduler, config)
             await self._start_discovery(stack, built)

@@ -15,6 +15,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from kvwatch import __version__
+from kvwatch.arenas import Heap
 from kvwatch.canary.model import HEALTHY, INCONCLUSIVE, Verdict
 
 # Up to 10 minutes: a 1M-token prefill on a busy engine legitimately takes minutes.
@@ -351,6 +352,36 @@ class SizesCollector(Collector):
 
     def describe(self) -> Iterator[Metric]:
         # Registration must not call the sizes (the daemon is not built yet).
+        return iter(())
+
+
+class MallocCollector(Collector):
+    """``kvwatch_malloc_bytes{state}``: what glibc's malloc holds, read at scrape time.
+
+    ``free`` is memory the process freed that malloc kept instead of returning it: RSS that
+    grows while ``allocated`` does not is held free space, not live data (issue 25). Nothing
+    is exported where the C library has no ``mallinfo2``.
+    """
+
+    def __init__(self, heap: Callable[[], Heap | None]) -> None:
+        self._heap = heap
+
+    def collect(self) -> Iterator[Metric]:
+        heap = self._heap()
+        if heap is None:
+            return
+        family = GaugeMetricFamily(
+            "kvwatch_malloc_bytes",
+            "Bytes held by the C library's malloc, by state: allocated (in use), free (kept "
+            "by malloc, not returned to the OS), mmapped (large chunks, in use).",
+            labels=["state"],
+        )
+        family.add_metric(["allocated"], heap.allocated)
+        family.add_metric(["free"], heap.free)
+        family.add_metric(["mmapped"], heap.mmapped)
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
         return iter(())
 
 

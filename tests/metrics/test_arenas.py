@@ -1,12 +1,15 @@
-"""kvwatch run caps glibc's malloc arenas, unless the operator chose a cap."""
+"""kvwatch run caps glibc's malloc arenas, unless the operator chose a cap,
+and reports what malloc holds."""
 
 from __future__ import annotations
 
 import platform
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from kvwatch import arenas
+from kvwatch.metrics import MallocCollector
 
 
 def test_an_arena_cap_set_by_the_operator_is_left_alone() -> None:
@@ -18,3 +21,33 @@ def test_an_arena_cap_set_by_the_operator_is_left_alone() -> None:
 def test_on_glibc_the_cap_is_applied() -> None:
     """Without MALLOC_ARENA_MAX, mallopt accepts the cap of two arenas."""
     assert arenas.limit_arenas({}) is True
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallinfo2 is glibc's")
+def test_on_glibc_the_heap_counts_an_allocation_while_it_lives_and_not_after() -> None:
+    """Ten megabytes of malloc'd buffers show in allocated, and leave it when freed."""
+    before = arenas.heap()
+    assert before is not None
+    buffers = [bytearray(4096) for _ in range(2560)]  # above pymalloc's 512 bytes: malloc's
+    during = arenas.heap()
+    del buffers
+    after = arenas.heap()
+    assert during is not None and after is not None
+    assert during.allocated - before.allocated >= 10 * 1024 * 1024
+    assert during.allocated - after.allocated >= 10 * 1024 * 1024
+
+
+def test_the_malloc_gauge_has_one_child_per_state() -> None:
+    """kvwatch_malloc_bytes carries allocated, free and mmapped from the heap reading."""
+    registry = CollectorRegistry()
+    registry.register(MallocCollector(lambda: arenas.Heap(allocated=3, free=2, mmapped=1)))
+    assert registry.get_sample_value("kvwatch_malloc_bytes", {"state": "allocated"}) == 3
+    assert registry.get_sample_value("kvwatch_malloc_bytes", {"state": "free"}) == 2
+    assert registry.get_sample_value("kvwatch_malloc_bytes", {"state": "mmapped"}) == 1
+
+
+def test_without_mallinfo2_the_malloc_gauge_is_absent() -> None:
+    """A C library with no figures exports no kvwatch_malloc_bytes rather than zeros."""
+    registry = CollectorRegistry()
+    registry.register(MallocCollector(lambda: None))
+    assert "kvwatch_malloc_bytes" not in generate_latest(registry).decode()
