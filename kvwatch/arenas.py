@@ -13,8 +13,9 @@ loop is), so contention on two arenas costs nothing measurable.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 ENV = "MALLOC_ARENA_MAX"
@@ -73,14 +74,23 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
-def heap() -> Heap | None:
-    """glibc's malloc totals now, or None where there is no ``mallinfo2`` (not glibc, or
-    older than 2.33)."""
+@functools.cache
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+    # Looked up once, not on every scrape.
     try:
         mallinfo2 = ctypes.CDLL(None).mallinfo2
     except (OSError, AttributeError):
         return None
     mallinfo2.argtypes = ()
     mallinfo2.restype = _MallInfo2
+    return mallinfo2
+
+
+def heap() -> Heap | None:
+    """glibc's malloc totals now, or None where there is no ``mallinfo2`` (not glibc, or
+    older than 2.33)."""
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None:
+        return None
     info = mallinfo2()
     return Heap(allocated=info.uordblks, free=info.fordblks, mmapped=info.hblkhd)
