@@ -18,9 +18,10 @@ BENCHMARKS = (
     "served",
     "memory",
     "changes",
+    "scrape",
 )
 # Benchmarks whose main() takes its command-line options (the others take none).
-WITH_OPTIONS = ("history", "scale", "memory")
+WITH_OPTIONS = ("history", "scale", "memory", "scrape")
 
 
 def main(argv: list[str]) -> int:
