@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--endpoints", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=5)
     opts = parser.parse_args(argv)
+    if opts.repeat < 1 or opts.endpoints < 0:
+        parser.error("--repeat must be at least 1 and --endpoints at least 0")
     print(f"# scrape — {describe()}")
     registry = registry_for(opts.endpoints)
     seconds = []
