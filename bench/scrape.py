@@ -5,12 +5,13 @@ allocated in a web worker thread while the event loop allocates too, so their nu
 suspect for RSS that creeps although kvwatch's own maps stay the same size (the Memory
 section of the README). This builds the per-endpoint series exactly as the daemon does
 (:class:`kvwatch.metrics.ProbeMetrics`, every endpoint and kind observed once, so each has
-all its children) and renders them with ``generate_latest``, as ``GET /metrics`` does:
+all its children) and renders them as ``GET /metrics`` does (:func:`kvwatch.exposition.render`)
+and, for comparison, with prometheus_client's ``generate_latest`` (which it replaced):
 
-* the median time of ``--repeat`` renders (CPU on the thread that serves the scrape);
+* the median time of ``--repeat`` renders of each (CPU on the thread that serves the scrape);
 * the size of the body and its lines, and the families with the most lines;
-* the peak of Python allocations during one render (tracemalloc; traced separately, so the
-  timing is not slowed by it).
+* the peak of Python allocations during one render of each (tracemalloc; traced separately,
+  so the timing is not slowed by it).
 
 ``python -m bench scrape --endpoints 1000`` is the fleet of the memory runs.
 """
@@ -28,6 +29,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from bench.machine import describe
 from kvwatch.canary.model import Verdict
+from kvwatch.exposition import render
 from kvwatch.metrics import ProbeMetrics
 
 KINDS = ("under", "over", "baseline")
@@ -75,22 +77,28 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--repeat must be at least 1 and --endpoints at least 0")
     print(f"# scrape — {describe()}")
     registry = registry_for(opts.endpoints)
-    seconds = []
-    body = b""
-    for _ in range(opts.repeat):
-        started = time.perf_counter()
-        body = generate_latest(registry)
-        seconds.append(time.perf_counter() - started)
-    tracemalloc.start()
-    generate_latest(registry)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
+    body = render(registry)
+    if body != generate_latest(registry):
+        raise SystemExit("kvwatch's render and generate_latest disagree: see tests/metrics")
+    for renderer in (render, generate_latest):
+        seconds = []
+        for _ in range(opts.repeat):
+            started = time.perf_counter()
+            renderer(registry)
+            seconds.append(time.perf_counter() - started)
+        tracemalloc.start()
+        renderer(registry)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        print(
+            f"{renderer.__module__}.{renderer.__name__}: median "
+            f"{statistics.median(seconds) * 1000:.0f} ms of {opts.repeat}; transient peak of "
+            f"Python allocations {peak / 1e6:.1f} MB ({peak / len(body):.1f} x the body)"
+        )
     lines = [line for line in body.decode().splitlines() if not line.startswith("#")]
     print(
-        f"{opts.endpoints} endpoints x {len(KINDS)} kinds: render median "
-        f"{statistics.median(seconds) * 1000:.0f} ms of {opts.repeat}; body "
-        f"{len(body) / 1e6:.1f} MB, {len(lines)} sample lines; transient peak of Python "
-        f"allocations {peak / 1e6:.1f} MB"
+        f"{opts.endpoints} endpoints x {len(KINDS)} kinds: body {len(body) / 1e6:.1f} MB, "
+        f"{len(lines)} sample lines"
     )
     print("| family | lines |\n|---|---|")
     for name, count in Counter(map(family, lines)).most_common(TOP_FAMILIES):

@@ -12,9 +12,10 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from kvwatch import __version__
+from kvwatch.exposition import render
 from kvwatch.store.errors import StoreError
 from kvwatch.web.api import build_api
 from kvwatch.web.auth import RequireAuth
@@ -59,7 +60,7 @@ def create_app(ctx: WebContext) -> FastAPI:
 
     @app.get("/metrics", include_in_schema=False, dependencies=ops_guard)
     def metrics() -> Response:
-        return Response(generate_latest(ctx.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(render(ctx.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", include_in_schema=False, dependencies=ops_guard)
     def healthz() -> PlainTextResponse:
