@@ -82,6 +82,9 @@ class Sample:
     # glibc malloc's totals (kvwatch_malloc_bytes), MB: RSS that grows while ``allocated``
     # does not is free space malloc keeps, not live data. Empty where malloc has no figures.
     malloc_mb: dict[str, float] = field(default_factory=dict)
+    # CPython's live small objects (kvwatch_python_allocated_blocks), thousands: RSS that
+    # grows while these do not is held in part-used arenas, not leaked objects.
+    blocks_k: float = float("nan")
 
 
 @dataclass
@@ -207,6 +210,14 @@ def malloc_mb(client: httpx.Client, base: str) -> dict[str, float]:
     return {}
 
 
+def python_blocks_k(client: httpx.Client, base: str) -> float:
+    with contextlib.suppress(httpx.HTTPError):
+        for line in client.get(base + "/metrics").text.splitlines():
+            if line.startswith("kvwatch_python_allocated_blocks "):
+                return float(line.split()[1]) / 1000
+    return float("nan")
+
+
 def snapshot(proc: subprocess.Popen[bytes], prefix: Path, n: int) -> Path:
     """Ask kvwatch for snapshot ``n`` and wait until its forked child has written it."""
     path = Path(f"{prefix}{n}.tracemalloc")
@@ -314,11 +325,12 @@ def measure(opts: Options, tmp: Path) -> Run:
                 if now >= next_sample or now >= end:
                     rss, _ = memory_mb(proc.pid)
                     sample = Sample(now - start, rss, counter.update(), malloc_mb(client, base))
+                    sample.blocks_k = python_blocks_k(client, base)
                     run.samples.append(sample)
                     heap = " ".join(f"{k} {v:.1f}" for k, v in sorted(sample.malloc_mb.items()))
                     print(
                         f"  {now - start:7.0f} s  RSS {rss:7.1f} MB  probes {counter.count}"
-                        f"  malloc MB: {heap or '-'}",
+                        f"  Python blocks {sample.blocks_k:.0f}k  malloc MB: {heap or '-'}",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -383,14 +395,14 @@ def report(opts: Options, run: Run) -> None:
     )
     states = sorted({state for s in run.samples for state in s.malloc_mb})
     print(
-        "| minute | RSS MB | probes |"
+        "| minute | RSS MB | probes | Python blocks (k) |"
         + "".join(f" malloc {state} MB |" for state in states)
-        + "\n|---|---|---|"
+        + "\n|---|---|---|---|"
         + "---|" * len(states)
     )
     for s in run.samples:
         heap = "".join(f" {s.malloc_mb.get(state, float('nan')):.1f} |" for state in states)
-        print(f"| {s.at / 60:.1f} | {s.rss_mb:.1f} | {s.probes} |{heap}")
+        print(f"| {s.at / 60:.1f} | {s.rss_mb:.1f} | {s.probes} | {s.blocks_k:.0f} |{heap}")
     window = [s for s in run.samples if s.at >= opts.warmup]
     if len(window) >= 2:
         seconds = window[-1].at - window[0].at
@@ -404,6 +416,8 @@ def report(opts: Options, run: Run) -> None:
             f"{rate:.1f} probes/s achieved; "
             f"RSS {window[0].rss_mb:.1f} -> {window[-1].rss_mb:.1f} MB"
         )
+        blocks = slope(window, lambda s: s.blocks_k)
+        print(f"  Python blocks: {blocks * 3600:+.1f}k/h")
         for state in states:
             if all(state in s.malloc_mb for s in window):
                 rate_mb = slope(window, lambda s, k=state: s.malloc_mb[k])  # type: ignore[misc]

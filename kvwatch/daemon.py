@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import signal
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from kvwatch.metrics import (
     DiscoveryMetrics,
     MallocCollector,
     ProbeMetrics,
+    PythonBlocksCollector,
     ServedWindowCollector,
     SizesCollector,
 )
@@ -456,6 +458,7 @@ class Daemon:
             self._scheduler = scheduler
             built.registry.register(SizesCollector(functools.partial(_sizes, built, scheduler)))
             built.registry.register(MallocCollector(arenas.heap))
+            built.registry.register(PythonBlocksCollector(sys.getallocatedblocks))
             scheduler.start(built.targets)
             _start_loops(stack, built, scheduler, config)
             await self._start_discovery(stack, built)

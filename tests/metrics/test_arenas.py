@@ -4,12 +4,13 @@ and reports what malloc holds."""
 from __future__ import annotations
 
 import platform
+import sys
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kvwatch import arenas
-from kvwatch.metrics import MallocCollector
+from kvwatch.metrics import MallocCollector, PythonBlocksCollector
 
 
 def test_an_arena_cap_set_by_the_operator_is_left_alone() -> None:
@@ -51,3 +52,17 @@ def test_without_mallinfo2_the_malloc_gauge_is_absent() -> None:
     registry = CollectorRegistry()
     registry.register(MallocCollector(lambda: None))
     assert "kvwatch_malloc_bytes" not in generate_latest(registry).decode()
+
+
+def test_the_python_blocks_gauge_follows_live_small_objects() -> None:
+    """A hundred thousand small objects show in kvwatch_python_allocated_blocks while alive."""
+    registry = CollectorRegistry()
+    registry.register(PythonBlocksCollector(sys.getallocatedblocks))
+    before = registry.get_sample_value("kvwatch_python_allocated_blocks")
+    objects = [object() for _ in range(100_000)]
+    during = registry.get_sample_value("kvwatch_python_allocated_blocks")
+    del objects
+    after = registry.get_sample_value("kvwatch_python_allocated_blocks")
+    assert before is not None and during is not None and after is not None
+    assert during - before >= 100_000
+    assert during - after >= 99_000
