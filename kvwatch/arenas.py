@@ -1,4 +1,7 @@
-"""Two glibc malloc arenas instead of up to eight per core (issue 25).
+"""glibc's malloc tuned for a daemon that runs for months (issue 25).
+
+Two arenas instead of up to eight per core, and a fixed threshold above which an
+allocation gets a mapping of its own.
 
 glibc gives each thread that allocates while another holds the main arena an arena of its
 own, up to 8 x cores, and memory freed in an arena stays there, fragmented, for that arena
@@ -20,26 +23,61 @@ from dataclasses import dataclass
 
 ENV = "MALLOC_ARENA_MAX"
 ARENAS = 2
-# mallopt's parameter number for the arena cap (glibc's malloc.h).
+MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
+MMAP_THRESHOLD = 1024 * 1024
+# mallopt's parameter numbers (glibc's malloc.h).
 _M_ARENA_MAX = -8
+_M_MMAP_THRESHOLD = -3
+# The same settings as glibc tunables (GLIBC_TUNABLES=glibc.malloc.arena_max=4:...).
+_TUNABLES = "GLIBC_TUNABLES"
 
 
 def limit_arenas(environ: Mapping[str, str] = os.environ, arenas: int = ARENAS) -> bool:
     """Cap glibc's malloc arenas at ``arenas``; call before kvwatch starts its threads.
 
-    False, changing nothing, when ``MALLOC_ARENA_MAX`` is set (the operator's value, which
-    glibc has already applied, stands) or the C library is not glibc (mallopt is missing or
-    refuses the parameter).
+    False, changing nothing, when ``MALLOC_ARENA_MAX`` or its tunable is set (the operator's
+    value, which glibc has already applied, stands) or the C library is not glibc.
     """
-    if ENV in environ:
+    if _chosen(environ, ENV, "glibc.malloc.arena_max"):
         return False
+    return _mallopt(_M_ARENA_MAX, arenas)
+
+
+def fix_mmap_threshold(
+    environ: Mapping[str, str] = os.environ, threshold: int = MMAP_THRESHOLD
+) -> bool:
+    """Give every allocation of ``threshold`` bytes or more a mapping of its own, returned
+    to the OS as soon as it is freed.
+
+    glibc starts at 128 KiB but raises its threshold to the size of any mapped chunk that
+    is freed (up to 32 MiB). After the first /metrics body (14.5 MB at 1,000 endpoints) was
+    freed, every later one came from the heap instead, and stayed there as free space,
+    pinned by the small allocations made meanwhile: a process rendering that body 25 times
+    beside other work kept 25 MB of malloc's ``free`` and 20 MB more RSS with glibc's
+    default, none with this. Setting the threshold turns the raising off. 1 MiB: only large
+    buffers (response bodies, pages, long prompts) pay a system call each.
+
+    False, changing nothing, when ``MALLOC_MMAP_THRESHOLD_`` or its tunable is set, or the
+    C library is not glibc.
+    """
+    if _chosen(environ, MMAP_ENV, "glibc.malloc.mmap_threshold"):
+        return False
+    return _mallopt(_M_MMAP_THRESHOLD, threshold)
+
+
+def _chosen(environ: Mapping[str, str], env: str, tunable: str) -> bool:
+    # The operator's setting, by variable or tunable, which glibc applied at start.
+    return env in environ or tunable + "=" in environ.get(_TUNABLES, "")
+
+
+def _mallopt(param: int, value: int) -> bool:
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
-        return False
+        return False  # not glibc
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_ARENA_MAX, arenas))
+    return bool(mallopt(param, value))
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,6 +111,7 @@ def run(config_path: Path | None, grace: float) -> None:
 
     # Before any thread of the daemon allocates (see kvwatch/arenas.py).
     arenas.limit_arenas()
+    arenas.fix_mmap_threshold()
     # Started before the config is read, so every allocation of the daemon is traced.
     trace = memtrace.start_from_env()
     config = _load(config_path)

@@ -16,6 +16,28 @@ from kvwatch.metrics import MallocCollector, PythonBlocksCollector
 def test_an_arena_cap_set_by_the_operator_is_left_alone() -> None:
     """MALLOC_ARENA_MAX in the environment: glibc applied it at start, kvwatch changes nothing."""
     assert arenas.limit_arenas({arenas.ENV: "8"}) is False
+    assert arenas.limit_arenas({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}) is False
+
+
+def test_an_mmap_threshold_set_by_the_operator_is_left_alone() -> None:
+    """MALLOC_MMAP_THRESHOLD_ or its tunable: the operator's threshold stands."""
+    assert arenas.fix_mmap_threshold({arenas.MMAP_ENV: "65536"}) is False
+    tunables = {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0:glibc.malloc.mmap_threshold=1"}
+    assert arenas.fix_mmap_threshold(tunables) is False
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the threshold is glibc's")
+def test_with_the_fixed_threshold_a_large_buffer_goes_back_to_the_os_every_time() -> None:
+    """glibc would serve the second 16 MB buffer from its heap and keep it there as free
+    space; with the threshold fixed each one is mapped and unmapped."""
+    assert arenas.fix_mmap_threshold({}) is True
+    before = arenas.heap()
+    for _ in range(3):
+        buffer = bytearray(16 * 1024 * 1024)
+        del buffer
+    after = arenas.heap()
+    assert before is not None and after is not None
+    assert after.free - before.free < 4 * 1024 * 1024, (before, after)
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the cap is glibc's")
