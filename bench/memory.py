@@ -11,7 +11,10 @@ endpoints, and ``kvwatch run`` probes ``--endpoints`` of them with ``--probes`` 
   endpoints and adds as many under names never used before (on the simulator endpoints just
   freed), so whatever kvwatch keeps per endpoint must be freed with it.
 
-The process's VmRSS is sampled every ``--sample-every`` (60) seconds. After ``--warmup``
+The process's VmRSS is sampled every ``--sample-every`` (60) seconds, with its live small
+Python objects (``kvwatch_python_allocated_blocks``) and what glibc's malloc holds
+(``kvwatch_malloc_bytes``): RSS that grows while neither grows is memory held after
+transient peaks, not a leak. After ``--warmup``
 seconds (first runs, caches filling) the slope of a least-squares line through the samples
 of the ``--duration`` window is printed in MB/h and in bytes per probe, with the probes/s
 achieved (on a loaded machine it may fall short of the schedule: the bytes per probe are
