@@ -202,9 +202,9 @@ def _served(
         )
         return StreamingResponse(stream, media_type="text/event-stream")
     if chat.stream:
-        return StreamingResponse(
-            _answer_stream(model, decision, include_usage), media_type="text/event-stream"
-        )
+        pace = state.spec.decode_tokens_per_second
+        stream = _answer_stream(model, decision, include_usage, 1 / pace if pace else 0.0)
+        return StreamingResponse(stream, media_type="text/event-stream")
     return JSONResponse(_completion(model, decision))
 
 

@@ -16,7 +16,13 @@ from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, Flavour, SimEndpoint
 
 _INT_KEYS = {"window", "kv_pool", "max_input_tokens", "batch_mix_at"}
-_FLOAT_KEYS = {"prefill_tokens_per_second", "ttfb_delay", "token_skew", "token_skew_drift"}
+_FLOAT_KEYS = {
+    "prefill_tokens_per_second",
+    "ttfb_delay",
+    "decode_tokens_per_second",
+    "token_skew",
+    "token_skew_drift",
+}
 _BOOL_KEYS = {"prefix_cache"}
 _ENDPOINT_KEYS = [f.name for f in dataclasses.fields(SimEndpoint)]
 

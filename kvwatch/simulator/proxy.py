@@ -39,6 +39,12 @@ What each fault does here (prompt sizes are the upstream's own count, ``/apply-t
   after sharing its first part is forwarded with the earlier prompt's text past that point (as
   a colliding or stale entry would serve its pages), so the real model answers from the earlier
   document. The upstream's own cache and its usage report are left as they are.
+- ``abort_reuse``: the same prefix cache, filled as the simulator fills it: a streamed
+  request's blocks enter it before they are written and are completed only once its answer
+  has been relayed whole, so a client that hangs up mid-answer leaves the later half of its
+  blocks empty, and the next prompt that starts with that document is forwarded without
+  that half (SGLang PR #28374: "later requests with the same prefix may reuse invalid cached
+  KV"); the real model answers from what is left.
 
 ``report_usage: sent`` makes a cut or swapped prompt report the tokens sent instead of the
 tokens the upstream read (an engine that lies about usage). Everything else (``/v1/models``,
@@ -50,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -67,7 +74,7 @@ from kvwatch.canary.model import Rejection
 from kvwatch.engines.rejections import classify_rejection
 from kvwatch.simulator import errors, tokenizer
 from kvwatch.simulator.model import BATCH_STEP_SECONDS, PLACEHOLDER_TOKENS
-from kvwatch.simulator.prefix import PrefixCache
+from kvwatch.simulator.prefix import BLOCK_TOKENS, PrefixCache
 from kvwatch.simulator.server import SHUTDOWN_GRACE_SECONDS, _bind, _EmbeddedServer
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.simulator.traces import TRACE_HEADERS
@@ -83,6 +90,7 @@ PROXY_FAULTS = frozenset(
         FaultMode.WRONG_STATUS,
         FaultMode.BATCH_MIX,
         FaultMode.PREFIX_COLLISION,
+        FaultMode.ABORT_REUSE,
     }
 )
 # Faults that need the prompt's size before anything is sent.
@@ -148,7 +156,7 @@ class ProxyEndpoint:
     stats: ProxyStats = field(default_factory=ProxyStats)
     # batch_mix: the prompts of the requests in flight, in arrival order (each its own list).
     in_flight: list[Messages] = field(default_factory=list)
-    # prefix_collision: the prompts forwarded, as a prefix cache holds them.
+    # prefix_collision, abort_reuse: the prompts forwarded, as a prefix cache holds them.
     prefix: PrefixCache = field(default_factory=lambda: PrefixCache(PROXY_CACHE_BLOCKS))
 
     def leave(self, messages: Messages) -> None:
@@ -306,10 +314,12 @@ class _Relay:
         *,
         rewrite: Callable[[Any], Any] | None = None,
         error_after_content: dict[str, Any] | None = None,
+        on_complete: Callable[[], None] | None = None,
     ) -> None:
         self.response = response
         self.rewrite = rewrite
         self.error_after_content = error_after_content
+        self.on_complete = on_complete  # the whole reply went out (not on a hang-up)
 
     async def __call__(self) -> AsyncIterator[bytes]:
         try:
@@ -324,6 +334,8 @@ class _Relay:
                     yield b"data: " + json.dumps(self.error_after_content).encode() + b"\n\n"
                     yield _DONE
                     return
+            if self.on_complete is not None:
+                self.on_complete()
         finally:
             await self.response.aclose()
 
@@ -383,6 +395,8 @@ class ProxyApp:
             return await self._batched(state, body, messages, headers)
         if fault is FaultMode.PREFIX_COLLISION:
             body = _collided(state, body, messages)
+        if fault is FaultMode.ABORT_REUSE:
+            return await self._reusing(state, body, messages, headers)
         if fault in _POOL_FAULTS:
             sent = await self.upstream.count_prompt(messages, headers)
             if sent > state.spec.pool_tokens:
@@ -396,6 +410,26 @@ class ProxyApp:
                 )
             return await self._past_the_limit(state, body, messages, headers)
         return reply
+
+    async def _reusing(
+        self,
+        state: ProxyEndpoint,
+        body: dict[str, Any],
+        messages: Messages,
+        headers: dict[str, str],
+    ) -> Response:
+        """abort_reuse: served what the prefix cache holds for the last message, then cached
+        as the simulator caches it: a streamed request's later half stays empty until its
+        answer has gone out whole."""
+        pieces = _cacheable(messages)
+        if pieces is None:
+            return await self._send(body, headers, remember=state)
+        served = _from_cache(state, body, messages, pieces, collide=False)
+        streamed = body.get("stream") is True
+        half = len(pieces) // BLOCK_TOKENS // 2
+        state.prefix.insert(pieces, filled_blocks=half if streamed else None)
+        complete = functools.partial(state.prefix.insert, pieces) if streamed else None
+        return await self._send(served, headers, remember=state, on_complete=complete)
 
     async def _batched(
         self,
@@ -510,10 +544,13 @@ class ProxyApp:
         *,
         error_after_content: dict[str, Any] | None = None,
         remember: ProxyEndpoint | None = None,
+        on_complete: Callable[[], None] | None = None,
     ) -> Response:
         """POST ``body`` to the upstream's chat completions; relay (and maybe alter) the reply.
 
         With ``remember``, a 200 reply makes this prompt that endpoint's stale pages.
+        ``on_complete`` runs once a streamed reply has been relayed whole (never when the
+        client hangs up first, nor for a reply that is not a stream).
         """
         url = f"{self.upstream.root_url}/v1/chat/completions"
         upstream_request = self.upstream.client.build_request(
@@ -526,7 +563,12 @@ class ProxyApp:
                 remember.remember(_tenant(headers), list(body["messages"]))
         content_type = response.headers.get("content-type", "application/json")
         if content_type.startswith("text/event-stream"):
-            relay = _Relay(response, rewrite=rewrite, error_after_content=error_after_content)
+            relay = _Relay(
+                response,
+                rewrite=rewrite,
+                error_after_content=error_after_content,
+                on_complete=on_complete,
+            )
             return StreamingResponse(relay(), response.status_code, media_type="text/event-stream")
         try:
             raw = await response.aread()
@@ -669,14 +711,33 @@ def _collided(state: ProxyEndpoint, body: dict[str, Any], messages: Messages) ->
     """prefix_collision: the request with its last message as a colliding prefix cache
     serves it (the earlier prompt's text past the shared part); unchanged when nothing
     collides. The message is then cached as sent."""
+    pieces = _cacheable(messages)
+    if pieces is None:
+        return body
+    served = _from_cache(state, body, messages, pieces, collide=True)
+    state.prefix.insert(pieces)
+    return served
+
+
+def _cacheable(messages: Messages) -> list[str] | None:
+    """The last message's tokens (the simulator's), or None when it is not plain text."""
     last = messages[-1]
     content = last.get("content") if isinstance(last, dict) else None
-    if not isinstance(content, str):
-        return body
-    pieces = tokenizer.tokenize(content)
-    hit = state.prefix.lookup(pieces, collide=True)
-    state.prefix.insert(pieces)
-    if hit.attended == content:
+    return tokenizer.tokenize(content) if isinstance(content, str) else None
+
+
+def _from_cache(
+    state: ProxyEndpoint,
+    body: dict[str, Any],
+    messages: Messages,
+    pieces: list[str],
+    *,
+    collide: bool,
+) -> dict[str, Any]:
+    """The request with its last message as the prefix cache serves it: unchanged when the
+    cache holds its text (or nothing of it), counted as injected when it does not."""
+    hit = state.prefix.lookup(pieces, collide=collide)
+    if hit.attended == "".join(pieces):
         return body
     state.stats.injected += 1
-    return body | {"messages": [*messages[:-1], {**last, "content": hit.attended}]}
+    return body | {"messages": [*messages[:-1], {**messages[-1], "content": hit.attended}]}

@@ -104,6 +104,9 @@ class SimEndpoint:
     tenant_keys: tuple[str, ...] = ()
     prefill_tokens_per_second: float = 0.0  # 0 = instant
     ttfb_delay: float = 0.0
+    # A streamed answer's pace, as an engine decodes a token a step (0 = all at once): a
+    # client that hangs up mid-answer is then seen mid-answer, by this engine or a proxy.
+    decode_tokens_per_second: float = 0.0
     flavour: Flavour = Flavour.VLLM
     # TGI only: its prompt cap (default window - 1, as TGI sets it when not given).
     max_input_tokens: int | None = None
@@ -133,7 +136,7 @@ class SimEndpoint:
             raise ValueError(f"endpoint {self.name}: report_usage must be 'attended' or 'sent'")
         if not -MAX_SKEW <= self.token_skew <= MAX_SKEW:
             raise ValueError(f"endpoint {self.name}: token_skew must be within ±{MAX_SKEW}")
-        if self.prefill_tokens_per_second < 0 or self.ttfb_delay < 0:
+        if min(self.prefill_tokens_per_second, self.ttfb_delay, self.decode_tokens_per_second) < 0:
             raise ValueError(f"endpoint {self.name}: latencies must not be negative")
         if self.batch_mix_at < 2:
             raise ValueError(f"endpoint {self.name}: batch_mix_at must be at least 2")

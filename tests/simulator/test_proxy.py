@@ -175,15 +175,13 @@ async def test_the_fault_can_be_switched_while_running(rig: Rig) -> None:
 
 
 async def test_faults_a_real_model_cannot_act_out_are_refused_at_start() -> None:
-    """no_recall, throttled, server_error and window_not_served have no proxy equivalent;
-    abort_reuse is not played by the proxy yet."""
+    """no_recall, throttled, server_error and window_not_served have no proxy equivalent."""
     unsupported = [f for f in FaultMode if f not in PROXY_FAULTS]
     assert {f.value for f in unsupported} == {
         "no_recall",
         "throttled",
         "server_error",
         "window_not_served",
-        "abort_reuse",
     }
     for fault in unsupported:
         with pytest.raises(ValueError, match="not available in proxy mode"):
@@ -271,3 +269,55 @@ async def test_prefix_collision_answers_the_cache_probe_from_the_earlier_documen
     assert steps["branch"].outcome.value == "wrong" and steps["branch"].answered
     assert steps["control"].outcome.value == "right"
     assert rig.proxy.stats()["collides"]["injected"] >= 1
+
+
+@pytest.fixture
+async def paced_rig(store: Store) -> AsyncIterator[Rig]:
+    """abort_reuse through the proxy, in front of an engine that decodes a token every
+    20 ms, as real ones do a step at a time: a client's hang-up lands mid-answer."""
+    upstream_spec = SimEndpoint(
+        "engine", window=WINDOW, flavour="llamacpp", decode_tokens_per_second=50
+    )
+    aborts = [proxied("aborts", FaultMode.ABORT_REUSE)]
+    async with (
+        run_simulator([upstream_spec]) as upstream,
+        run_proxy(upstream.root_url_for("engine"), aborts) as proxy,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        entries = [sim_endpoint_entry(proxy, "aborts", flavour="llamacpp")]
+        config = config_for(entries, database="sqlite:///unused.db", defaults={"confirm": False})
+        targets, runner, _metrics = targets_and_runner(config, store, client)
+        yield Rig(upstream, proxy, targets, runner)
+
+
+async def test_abort_reuse_answers_the_reuse_from_the_aborted_requests_half_filled_pages(
+    paced_rig: Rig,
+) -> None:
+    """The abort step hangs up mid-answer: its later blocks stay empty, so the reuse of that
+    document is forwarded without its late fact and answered wrong; cold, warm and branch,
+    whose answers went out whole, are right: cache_corrupt."""
+    report = await paced_rig.runner.run(paced_rig.targets["aborts"], ProbeKind.CACHE)
+    assert report.verdict is Verdict.CACHE_CORRUPT, report.reason
+    row = get_probe(paced_rig.runner.store, report.probe_id)
+    assert row is not None
+    steps = {s.step: s for s in row.cache}
+    assert [steps[s].outcome.value for s in ("cold", "warm", "branch")] == ["right"] * 3
+    assert steps["reuse"].outcome.value == "wrong"
+    # Only the reuse was served other text than it sent.
+    assert paced_rig.proxy.stats()["aborts"]["injected"] == 1
+
+
+async def test_abort_reuse_leaves_a_stream_read_to_its_end_whole_in_the_cache(
+    paced_rig: Rig,
+) -> None:
+    """A streamed answer relayed whole completes its blocks: the same prompt again is
+    forwarded as sent."""
+    url = paced_rig.proxy.url_for("aborts") + "/chat/completions"
+    document = " ".join(f"word{i}" for i in range(400))
+    body = {"messages": [{"role": "user", "content": document}], "max_tokens": 4}
+    async with httpx.AsyncClient(timeout=30) as client:
+        first = await client.post(url, json=body | {"stream": True})
+        assert first.status_code == 200 and "[DONE]" in first.text
+        again = await client.post(url, json=body)
+        assert again.status_code == 200
+    assert paced_rig.proxy.stats()["aborts"]["injected"] == 0
