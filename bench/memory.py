@@ -192,10 +192,10 @@ def read_web_every(every: float, base: str, fleet: Fleet, run: Run, stop: thread
                 run.web_ok += read_web(client, base, fleet)
 
 
-def labelled(client: httpx.Client, base: str, name: str) -> dict[str, float]:
-    """The children of the one-label gauge ``name`` on /metrics, by label value."""
+def labelled(text: str, name: str) -> dict[str, float]:
+    """The children of the one-label gauge ``name`` in a /metrics body, by label value."""
     values = {}
-    for line in client.get(base + "/metrics").text.splitlines():
+    for line in text.splitlines():
         if line.startswith(name + "{"):
             labels, value = line.rsplit(" ", 1)
             values[labels.split('"')[1]] = float(value)
@@ -203,22 +203,21 @@ def labelled(client: httpx.Client, base: str, name: str) -> dict[str, float]:
 
 
 def internal_entries(client: httpx.Client, base: str) -> dict[str, float]:
-    return labelled(client, base, "kvwatch_internal_entries")
+    return labelled(client.get(base + "/metrics").text, "kvwatch_internal_entries")
 
 
-def malloc_mb(client: httpx.Client, base: str) -> dict[str, float]:
+def heap_figures(client: httpx.Client, base: str) -> tuple[dict[str, float], float]:
+    """malloc's totals (MB by state) and CPython's live blocks (thousands), from one scrape:
+    each scrape is a transient load on the process measured. Empty and NaN when it fails."""
     with contextlib.suppress(httpx.HTTPError):
-        mb = labelled(client, base, "kvwatch_malloc_bytes")
-        return {state: value / 1024 / 1024 for state, value in mb.items()}
-    return {}
-
-
-def python_blocks_k(client: httpx.Client, base: str) -> float:
-    with contextlib.suppress(httpx.HTTPError):
-        for line in client.get(base + "/metrics").text.splitlines():
+        text = client.get(base + "/metrics").text
+        mb = labelled(text, "kvwatch_malloc_bytes")
+        blocks = float("nan")
+        for line in text.splitlines():
             if line.startswith("kvwatch_python_allocated_blocks "):
-                return float(line.split()[1]) / 1000
-    return float("nan")
+                blocks = float(line.split()[1]) / 1000
+        return {state: value / 1024 / 1024 for state, value in mb.items()}, blocks
+    return {}, float("nan")
 
 
 def snapshot(proc: subprocess.Popen[bytes], prefix: Path, n: int) -> Path:
@@ -327,8 +326,8 @@ def measure(opts: Options, tmp: Path) -> Run:
                         snaps.append(snapshot(proc, trace_prefix, 1))
                 if now >= next_sample or now >= end:
                     rss, _ = memory_mb(proc.pid)
-                    sample = Sample(now - start, rss, counter.update(), malloc_mb(client, base))
-                    sample.blocks_k = python_blocks_k(client, base)
+                    malloc, blocks = heap_figures(client, base)
+                    sample = Sample(now - start, rss, counter.update(), malloc, blocks)
                     run.samples.append(sample)
                     heap = " ".join(f"{k} {v:.1f}" for k, v in sorted(sample.malloc_mb.items()))
                     print(
