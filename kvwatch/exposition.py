@@ -97,8 +97,8 @@ def _render_family(
     shown = name + "_total" if mtype == "counter" else name + "_info" if mtype == "info" else name
     help_text = documentation.replace("\\", r"\\").replace("\n", r"\n")
     lines = [
-        f"# HELP {escape_metric_name(shown)} {help_text}\n",
-        f"# TYPE {escape_metric_name(shown)} {_TEXT_TYPE.get(mtype, mtype)}\n",
+        f"# HELP {_metric_name(shown)} {help_text}\n",
+        f"# TYPE {_metric_name(shown)} {_TEXT_TYPE.get(mtype, mtype)}\n",
     ]
     trailing: dict[str, list[str]] = {}
     trailing_names = {name + suffix: suffix for suffix in _TRAILING}
@@ -112,8 +112,8 @@ def _render_family(
             body.write("".join(lines).encode())
             lines.clear()
     for suffix, extra in sorted(trailing.items()):
-        lines.append(f"# HELP {escape_metric_name(name + suffix)} {help_text}\n")
-        lines.append(f"# TYPE {escape_metric_name(name + suffix)} gauge\n")
+        lines.append(f"# HELP {_metric_name(name + suffix)} {help_text}\n")
+        lines.append(f"# TYPE {_metric_name(name + suffix)} gauge\n")
         lines.extend(extra)
     body.write("".join(lines).encode())
 
