@@ -534,7 +534,7 @@ def _start_loops(
     stack: AsyncExitStack, built: Built, scheduler: ProbeScheduler, config: Config
 ) -> None:
     """The loops beside the scheduler (expired-claim sweep, buffered-result flush,
-    retention), each stopped by ``stack`` on the way out."""
+    retention, malloc trim), each stopped by ``stack`` on the way out."""
     sweeping = asyncio.create_task(scheduler.sweep_expired(built.store), name="sweep")
     stack.push_async_callback(_cancel, sweeping)
     watching = asyncio.create_task(scheduler.watch_changes(), name="changes")
@@ -543,6 +543,8 @@ def _start_loops(
     stack.push_async_callback(_flush_and_cancel, built.runner.results, flushing)
     pruning = asyncio.create_task(retention_loop(built.store, config.retention), name="retention")
     stack.push_async_callback(_cancel, pruning)
+    trimming = asyncio.create_task(arenas.trim_loop(), name="malloc-trim")
+    stack.push_async_callback(_cancel, trimming)
 
 
 def _removal_reason(spec: EndpointSpec, config: Config) -> str:

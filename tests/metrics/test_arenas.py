@@ -3,6 +3,8 @@ and reports what malloc holds."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import platform
 import sys
 
@@ -88,3 +90,44 @@ def test_the_python_blocks_gauge_follows_live_small_objects() -> None:
     assert before is not None and during is not None and after is not None
     assert during - before >= 100_000
     assert during - after >= 99_000
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_a_trim_returns_the_free_pages_pinned_inside_the_heap() -> None:
+    """80 MB freed below a few live buffers stays resident until the trim gives it back."""
+    assert arenas.fix_mmap_threshold({}) is True  # 8 KiB buffers come from the heap
+    buffers = [bytearray(8192) for _ in range(10_000)]
+    pinned = buffers[::50]  # one live buffer every 400 KiB: the heap's top cannot shrink
+    del buffers
+    before = _resident_bytes()
+    assert arenas.trim() is True
+    after = _resident_bytes()
+    assert before - after > 40 * 1024 * 1024, (before, after)
+    assert len(pinned) == 200
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+async def test_the_trim_loop_trims_on_its_interval() -> None:
+    """Each round of the loop calls the trim; cancelling it stops the loop."""
+    calls = 0
+    third = asyncio.Event()
+
+    def counted() -> bool:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            third.set()
+        return True
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(arenas, "trim", counted)
+        task = asyncio.create_task(arenas.trim_loop(every=0.01))
+        await asyncio.wait_for(third.wait(), timeout=5)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled()
