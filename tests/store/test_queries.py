@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, insert, select
 
 from kvwatch.store import NewProbe, ProbeOutcome
-from kvwatch.store.models import Endpoint
+from kvwatch.store.models import Endpoint, Probe
 from kvwatch.store.queries import HistoryQueries
 from tests.helpers.store import Store, latest_per_endpoint
 
@@ -127,3 +128,81 @@ def test_an_endpoints_first_probe_time_is_its_oldest_start(
         store.begin_probe(new_probe(started_at=t0 + timedelta(minutes=minutes)))
     store.begin_probe(new_probe(endpoint="other", started_at=t0 - timedelta(days=1)))
     assert queries.first_started_at("glm-prod") == t0 - timedelta(minutes=3)
+
+
+def test_the_overview_gives_each_endpoint_its_newest_probes_and_latest_finished_per_kind(
+    store: Store, new_probe: NewProbeFactory, make_outcome: OutcomeFactory, t0: datetime
+) -> None:
+    """The strip is the newest probes of any state, newest first; each kind's badge is its
+    newest finished probe, found even when it is older than the strip."""
+    ids: dict[str, int] = {}
+    plan = [
+        ("a-over-old", "a", "over", "pass", 0),
+        ("a-under-1", "a", "under", "marker_missing", 1),
+        ("a-under-2", "a", "under", "pass", 2),
+        ("a-under-3", "a", "under", "pass", 3),
+        ("a-under-running", "a", "under", None, 4),
+        ("b-under", "b", "under", "pass", 5),
+    ]
+    for key, endpoint, kind, verdict, minute in plan:
+        started = t0 + timedelta(minutes=minute)
+        ids[key] = store.begin_probe(new_probe(endpoint=endpoint, kind=kind, started_at=started))
+        if verdict is not None:
+            store.finish_probe(ids[key], make_outcome(verdict))
+    new_probe(endpoint="c")  # registered, never probed
+
+    overview = {o.endpoint.name: o for o in HistoryQueries(store).overview(recent=3)}
+
+    assert list(overview) == ["a", "b", "c"]
+    a = overview["a"]
+    assert [p.id for p in a.recent] == [ids["a-under-running"], ids["a-under-3"], ids["a-under-2"]]
+    assert {kind: p.id for kind, p in a.latest.items()} == {
+        "under": ids["a-under-3"],
+        "over": ids["a-over-old"],
+    }
+    assert a.latest["over"].verdict == "pass"
+    assert [p.id for p in overview["b"].recent] == [ids["b-under"]]
+    assert overview["c"].recent == [] and overview["c"].latest == {}
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_on_sqlite_the_overview_does_not_walk_the_history_of_kinds_never_run(
+    store: Store, new_probe: NewProbeFactory, make_outcome: OutcomeFactory
+) -> None:
+    """Eight times the history costs the overview no more SQLite steps: each kind's badge is
+    one probe of ix_probes_latest, not a walk back through every probe of the endpoint."""
+    first = store.begin_probe(new_probe(endpoint="a", kind="under"))
+    store.finish_probe(first, make_outcome("pass"))
+    counted = 0
+
+    def step() -> int:
+        nonlocal counted
+        counted += 1
+        return 0  # go on
+
+    def double(times: int) -> None:
+        columns = [c for c in Probe.__table__.columns if c.name != "id"]
+        with store.engine.begin() as c:
+            for _ in range(times):
+                c.execute(insert(Probe).from_select([c.name for c in columns], select(*columns)))
+
+    def counting(dbapi: sqlite3.Connection, _record: object, _proxy: object) -> None:
+        dbapi.set_progress_handler(step, 100)  # called every 100 virtual-machine steps
+
+    def steps_of_the_overview() -> int:
+        nonlocal counted
+        counted = 0
+        event.listen(store.engine, "checkout", counting)
+        try:
+            overview = HistoryQueries(store).overview(recent=24)
+        finally:
+            event.remove(store.engine, "checkout", counting)
+            store.engine.dispose()  # no connection keeps the handler
+        assert len(overview[0].recent) == 24 and set(overview[0].latest) == {"under"}
+        return counted
+
+    double(8)  # 256 probes of one kind
+    small = steps_of_the_overview()
+    double(3)  # 2,048
+    large = steps_of_the_overview()
+    assert large < small * 1.5, (small, large)
