@@ -80,12 +80,13 @@ def trim() -> bool:
     """Hand the whole free pages inside malloc's heap back to the OS (``malloc_trim(0)``).
 
     A page freed in the middle of the heap, below memory still in use, stays resident:
-    glibc gives back only the heap's top on its own. Over a long run that free space grows
-    with fragmentation (+9 MB in 70 minutes at 1,000 endpoints, all of kvwatch's RSS growth
-    then), though it is reused and bounded by the largest transient peak. ``malloc_trim``
-    releases those pages with ``madvise(MADV_DONTNEED)``; they stay in malloc's free lists
-    (``kvwatch_malloc_bytes{state="free"}`` does not drop), and come back zero-filled on
-    reuse. False when the C library is not glibc or nothing could be released.
+    glibc gives back only the heap's top on its own. Over a long run that free space grew
+    with fragmentation (+11 MB of ``free`` in 70 minutes at 1,000 endpoints, beside +12 MB of
+    RSS). Since glibc 2.8 ``malloc_trim`` releases the whole free pages of every arena with
+    ``madvise(MADV_DONTNEED)`` (malloc_trim(3)); they stay in malloc's free lists, so
+    ``kvwatch_malloc_bytes{state="free"}`` does not drop, and come back zero-filled on reuse.
+    Measured on a live run: about 380 such calls a minute, each under 0.2 ms. False when the
+    C library is not glibc or nothing could be released.
     """
     malloc_trim = _malloc_trim()
     return False if malloc_trim is None else bool(malloc_trim(0))
