@@ -603,6 +603,7 @@ def _overview_walks(
 _STRIP_ARM = "strip"
 
 
+# One statement per value of ``recent`` the callers pass (the page's strip and the API's 0).
 @functools.cache
 def _walks_statement(recent: int) -> Any:
     """One endpoint's ``recent`` newest probes and its newest finished probe of each kind,
