@@ -23,6 +23,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -113,15 +114,21 @@ def _timed_trim() -> float:
     return time.perf_counter() - started
 
 
-@functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
+    return _libc("malloc_trim", (ctypes.c_size_t,), ctypes.c_int)  # type: ignore[no-any-return]
+
+
+@functools.cache
+def _libc(name: str, argtypes: tuple[Any, ...], restype: Any) -> Any:
+    # A function of the C library, looked up once (not on every scrape or trim); None where
+    # the library has none (not glibc, or mallinfo2 before glibc 2.33).
     try:
-        malloc_trim = ctypes.CDLL(None).malloc_trim
+        function = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    malloc_trim.argtypes = (ctypes.c_size_t,)
-    malloc_trim.restype = ctypes.c_int
-    return malloc_trim
+    function.argtypes = argtypes
+    function.restype = restype
+    return function
 
 
 def _chosen(environ: Mapping[str, str], env: str, tunable: str) -> bool:
@@ -130,13 +137,8 @@ def _chosen(environ: Mapping[str, str], env: str, tunable: str) -> bool:
 
 
 def _mallopt(param: int, value: int) -> bool:
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False  # not glibc
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(param, value))
+    mallopt = _libc("mallopt", (ctypes.c_int, ctypes.c_int), ctypes.c_int)
+    return False if mallopt is None else bool(mallopt(param, value))  # None: not glibc
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,22 +173,10 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
-@functools.cache
-def _mallinfo2() -> Callable[[], _MallInfo2] | None:
-    # Looked up once, not on every scrape.
-    try:
-        mallinfo2 = ctypes.CDLL(None).mallinfo2
-    except (OSError, AttributeError):
-        return None
-    mallinfo2.argtypes = ()
-    mallinfo2.restype = _MallInfo2
-    return mallinfo2
-
-
 def heap() -> Heap | None:
     """glibc's malloc totals now, or None where there is no ``mallinfo2`` (not glibc, or
     older than 2.33)."""
-    mallinfo2 = _mallinfo2()
+    mallinfo2 = _libc("mallinfo2", (), _MallInfo2)
     if mallinfo2 is None:
         return None
     info = mallinfo2()

@@ -606,37 +606,45 @@ _STRIP_ARM = "strip"
 # One statement per value of ``recent`` the callers pass (the page's strip and the API's 0).
 @functools.cache
 def _walks_statement(recent: int) -> Any:
-    """One endpoint's ``recent`` newest probes and its newest finished probe of each kind,
-    in one statement, an arm per walk labelled by ``arm``.
-
-    Each kind's arm finds only the id, in a subquery: then ix_probes_latest answers it with
-    one index probe. Selecting the brief's columns there makes SQLite's planner prefer the
-    covering ix_probes_history, which it walks backwards through the endpoint's whole
-    history for a kind the endpoint never ran (a month of probes, for every endpoint and
-    missing kind, on each load of the overview).
-    """
+    """One endpoint's ``recent`` newest probes and its newest finished probe of each kind
+    (found by :func:`_latest_finished_id`), in one statement, an arm per walk labelled by
+    ``arm``."""
     name = bindparam("name", type_=String)
-    newest = Probe.started_at.desc(), Probe.id.desc()
 
     def arm(label: str, walk: Any) -> Any:
         return select(walk.add_columns(literal(label, String).label("arm")).subquery())
 
-    def last(kind: ProbeKind) -> Any:
-        return (
-            select(Probe.id)
-            .where(
-                Probe.endpoint == name,
-                Probe.kind == kind.value,
-                Probe.state == ProbeState.DONE.value,
-            )
-            .order_by(*newest)
-            .limit(1)
-            .scalar_subquery()
+    strip = (
+        _brief()
+        .where(Probe.endpoint == name)
+        .order_by(Probe.started_at.desc(), Probe.id.desc())
+        .limit(recent)
+    )
+    kinds = [
+        arm(
+            kind.value,
+            _brief().where(Probe.id == _latest_finished_id(name, kind.value).scalar_subquery()),
         )
-
-    strip = _brief().where(Probe.endpoint == name).order_by(*newest).limit(recent)
-    kinds = [arm(kind.value, _brief().where(Probe.id == last(kind))) for kind in ProbeKind]
+        for kind in ProbeKind
+    ]
     return union_all(arm(_STRIP_ARM, strip), *kinds)
+
+
+def _latest_finished_id(endpoint: Any, kind: Any) -> Any:
+    """The id of ``endpoint``'s newest finished probe of ``kind``, for both databases.
+
+    Only the id: then ix_probes_latest answers each (endpoint, kind) with one index probe.
+    Asking for more columns makes the covering ix_probes_history look cheaper to both
+    planners, and for a kind the endpoint never ran it is walked backwards through the
+    endpoint's whole history. Its own alias, so it never correlates with the query around it.
+    """
+    p = aliased(Probe, name="p")
+    return (
+        select(p.id)
+        .where(p.endpoint == endpoint, p.kind == kind, p.state == ProbeState.DONE.value)
+        .order_by(p.started_at.desc(), p.id.desc())
+        .limit(1)
+    )
 
 
 def _overview_lateral(
@@ -660,20 +668,7 @@ def _overview_lateral(
         for r in rows:
             strips.setdefault(r.endpoint, []).append(_brief_row(r))
     kinds = values(column("kind", String(32)), name="kinds").data([(k.value,) for k in ProbeKind])
-    # Only the id in the LATERAL: then ix_probes_latest answers each (endpoint, kind) with one
-    # index probe. Asking for more columns makes the covering ix_probes_history look cheaper,
-    # and for a kind an endpoint never ran, it is walked backwards to the very beginning.
-    p = aliased(Probe, name="p")
-    last = (
-        select(p.id)
-        .where(
-            p.endpoint == Endpoint.name,
-            p.kind == kinds.c.kind,
-            p.state == ProbeState.DONE.value,
-        )
-        .order_by(p.started_at.desc(), p.id.desc())
-        .limit(1)
-    ).lateral("last")
+    last = _latest_finished_id(Endpoint.name, kinds.c.kind).lateral("last")
     rows = c.execute(
         _brief()
         .add_columns(Endpoint.name.label("endpoint"))
