@@ -19,7 +19,10 @@ seconds (first runs, caches filling) the slope of a least-squares line through t
 of the ``--duration`` window is printed in MB/h and in bytes per probe, with the probes/s
 achieved (on a loaded machine it may fall short of the schedule: the bytes per probe are
 per probe actually run). ``kvwatch_internal_entries`` (the sizes of kvwatch's per-endpoint
-maps) is printed at both ends of the window.
+maps) is printed at both ends of the window, and so is what the two allocators under it
+hold (kvwatch's ``KVWATCH_MEMSTATS`` snapshot, kvwatch/memtrace.py): CPython's arenas, split
+into live objects and the free space inside them, and glibc's heaps with their free chunks.
+Growth in live objects is data kvwatch keeps; growth in free space is fragmentation.
 
 ``--tracemalloc`` runs kvwatch with ``KVWATCH_TRACEMALLOC`` (kvwatch/memtrace.py) and takes
 a snapshot at both ends of the window: the allocation sites that grew most between them are
@@ -53,10 +56,12 @@ import yaml
 
 from bench.machine import describe
 from bench.scale import DEFAULT_POSTGRES, database, free_port, memory_mb, simulator
+from kvwatch.memtrace import MemStats, read_stats
 from kvwatch.simulator.fleet import DEMO_MODEL, scale_fleet
 from kvwatch.simulator.spec import SimEndpoint
 
 TOP_SITES = 15
+MB = 1024 * 1024
 
 
 @dataclass
@@ -220,14 +225,15 @@ def heap_figures(client: httpx.Client, base: str) -> tuple[dict[str, float], flo
     return {}, float("nan")
 
 
-def snapshot(proc: subprocess.Popen[bytes], prefix: Path, n: int) -> Path:
-    """Ask kvwatch for snapshot ``n`` and wait until its forked child has written it."""
-    path = Path(f"{prefix}{n}.tracemalloc")
+def snapshot(proc: subprocess.Popen[bytes], prefix: Path, n: int, suffix: str) -> Path:
+    """Ask kvwatch for snapshot ``n`` (``suffix`` tracemalloc or memstats) and wait until its
+    forked child has written it."""
+    path = Path(f"{prefix}{n}.{suffix}")
     proc.send_signal(signal.SIGUSR2)
     deadline = time.monotonic() + 600
     while not path.exists():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"no tracemalloc snapshot at {path}")
+            raise RuntimeError(f"no {suffix} snapshot at {path}")
         time.sleep(0.5)
     return path
 
@@ -249,6 +255,7 @@ class Run:
     entries_start: dict[str, float] = field(default_factory=dict)
     entries_end: dict[str, float] = field(default_factory=dict)
     top: list[str] = field(default_factory=list)
+    stats: list[MemStats] = field(default_factory=list)  # at the window's start and end
     web_reads: int = 0
     web_ok: int = 0
     reloads: int = 0
@@ -258,11 +265,10 @@ class Run:
 
 @contextlib.contextmanager
 def kvwatch(
-    config: Path, tmp: Path, trace_prefix: Path | None
+    config: Path, tmp: Path, snap_prefix: Path, tracing: bool
 ) -> Iterator[subprocess.Popen[bytes]]:
     env = dict(os.environ)
-    if trace_prefix is not None:
-        env["KVWATCH_TRACEMALLOC"] = str(trace_prefix)
+    env["KVWATCH_TRACEMALLOC" if tracing else "KVWATCH_MEMSTATS"] = str(snap_prefix)
     with open(tmp / "kvwatch.log", "wb") as log, open(tmp / "kvwatch.err", "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "kvwatch", "run", "--config", str(config)],
@@ -283,20 +289,25 @@ def kvwatch(
 
 def measure(opts: Options, tmp: Path) -> Run:
     run = Run(loadavg=" ".join(Path("/proc/loadavg").read_text().split()[:3]))
-    sim = scale_fleet(opts.endpoints + opts.churn, *map(int, opts.windows.split("-")))
+    low, high = map(int, opts.windows.split("-"))
+    sim = scale_fleet(opts.endpoints + opts.churn, low, high)
     fleet = Fleet(sim=sim)
     fleet.active = {e.name: i for i, e in enumerate(sim[: opts.endpoints])}
     fleet.spare = list(range(opts.endpoints, len(sim)))
     listen = f"127.0.0.1:{free_port()}"
     base = f"http://{listen}"
-    trace_prefix = tmp / "snap-" if opts.tracemalloc else None
+    snap_prefix = tmp / "snap-"
+    suffix = "tracemalloc" if opts.tracemalloc else "memstats"
     with (
         simulator(len(sim), opts.windows, tmp) as (sim_url, _),
         database(opts.db, tmp, opts.postgres) as db_url,
     ):
         config = tmp / "kvwatch.yaml"
         write_config(opts, fleet, config, sim_url, db_url, listen)
-        with kvwatch(config, tmp, trace_prefix) as proc, httpx.Client(timeout=60) as client:
+        with (
+            kvwatch(config, tmp, snap_prefix, opts.tracemalloc) as proc,
+            httpx.Client(timeout=60) as client,
+        ):
             counter = ProbeCounter(tmp / "kvwatch.log")
             start = time.monotonic()
             end = start + opts.warmup + opts.duration
@@ -322,8 +333,7 @@ def measure(opts: Options, tmp: Path) -> Run:
                 if not window_started and now >= start + opts.warmup:
                     window_started = True
                     run.entries_start = internal_entries(client, base)
-                    if trace_prefix is not None:
-                        snaps.append(snapshot(proc, trace_prefix, 1))
+                    snaps.append(snapshot(proc, snap_prefix, 1, suffix))
                 if now >= next_sample or now >= end:
                     rss, _ = memory_mb(proc.pid)
                     malloc, blocks = heap_figures(client, base)
@@ -351,9 +361,11 @@ def measure(opts: Options, tmp: Path) -> Run:
             if reader.is_alive():
                 reader.join()
             run.entries_end = internal_entries(client, base)
-            if trace_prefix is not None:
-                snaps.append(snapshot(proc, trace_prefix, 2))
+            snaps.append(snapshot(proc, snap_prefix, 2, suffix))
+            if opts.tracemalloc:
                 run.top = top_sites(*snaps)
+            else:
+                run.stats = [read_stats(path.read_text()) for path in snaps]
     return run
 
 
@@ -434,10 +446,36 @@ def report(opts: Options, run: Run) -> None:
     print("| kvwatch_internal_entries | window start | window end |\n|---|---|---|")
     for name in names:
         print(f"| {name} | {run.entries_start.get(name, 0):g} | {run.entries_end.get(name, 0):g} |")
+    if len(run.stats) == 2:
+        print(allocators_table(*run.stats))
     if run.top:
         print(f"top {TOP_SITES} growing allocation sites over the window (tracemalloc):")
         print("| site | growth KiB | size at end KiB | blocks |\n|---|---|---|---|")
         print("\n".join(run.top))
+
+
+def allocators_table(start: MemStats, end: MemStats) -> str:
+    """What each allocator holds at the window's two ends (kvwatch's SIGUSR2 .memstats):
+    growth in live blocks is data kvwatch keeps; growth in free space is fragmentation."""
+    rows = [
+        ("CPython arenas (count)", start.python_arenas, end.python_arenas, 1),
+        ("CPython arenas MB", start.python_arena_bytes, end.python_arena_bytes, MB),
+        ("  live objects MB", start.python_live, end.python_live, MB),
+        ("  free inside MB", start.python_free, end.python_free, MB),
+        ("glibc heaps MB", start.c_heaps, end.c_heaps, MB),
+        ("  free chunks MB", start.c_free, end.c_free, MB),
+        ("glibc mmapped MB", start.c_mmapped, end.c_mmapped, MB),
+    ]
+    lines = ["| allocator (.memstats) | window start | window end | change |", "|---|---|---|---|"]
+    for name, a, b, unit in rows:
+        if a is None or b is None:
+            continue  # not glibc
+        digits = 0 if unit == 1 else 1
+        lines.append(
+            f"| {name} | {a / unit:.{digits}f} | {b / unit:.{digits}f} "
+            f"| {(b - a) / unit:+.{digits}f} |"
+        )
+    return "\n".join(lines)
 
 
 def parse(argv: list[str]) -> Options:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch import memtrace
+from kvwatch import arenas, memtrace
 
 
 @pytest.fixture
@@ -61,3 +61,39 @@ async def test_sigusr2_writes_a_numbered_snapshot_holding_the_live_allocations(
     assert top.traceback[0].filename == __file__
     assert top.size_diff >= len(grown) * 1024
     assert not list((tmp_path / "snaps").glob("*.partial"))
+
+
+async def test_kvwatch_memstats_alone_writes_the_allocators_figures_without_tracing(
+    tmp_path: Path,
+) -> None:
+    """KVWATCH_MEMSTATS: no tracing; each SIGUSR2 writes a .memstats whose CPython figures
+    count the small objects made between two signals, beside glibc's heaps."""
+    trace = memtrace.start_from_env({memtrace.STATS_ENV: str(tmp_path / "kv-")})
+    assert trace is not None and not tracemalloc.is_tracing()
+    trace.install(asyncio.get_running_loop())
+    try:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        await asyncio.sleep(0.1)
+        await asyncio.to_thread(wait_for_file, tmp_path / "kv-1.memstats")
+        # 300,000 small strings (57-byte objects: CPython's 64-byte class), about 19 MB.
+        grown = [f"{i:08d}" for i in range(300_000)]
+        os.kill(os.getpid(), signal.SIGUSR2)
+        await asyncio.sleep(0.1)
+        await asyncio.to_thread(wait_for_file, tmp_path / "kv-2.memstats")
+    finally:
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGUSR2)
+    before = memtrace.read_stats((tmp_path / "kv-1.memstats").read_text())
+    after = memtrace.read_stats((tmp_path / "kv-2.memstats").read_text())
+    assert after.python_live - before.python_live >= len(grown) * 56
+    assert after.python_arenas > before.python_arenas
+    assert after.python_arena_bytes >= after.python_live + after.python_free - 2**20
+    if arenas.heap() is not None:  # glibc: its heaps are in the file too
+        assert after.c_heaps is not None and after.c_heaps > 0
+        assert after.c_free is not None and after.c_mmapped is not None
+    assert sorted(os.listdir(tmp_path)) == ["kv-1.memstats", "kv-2.memstats"]
+
+
+def test_a_memstats_file_without_cpython_figures_is_refused_by_name() -> None:
+    """read_stats on text that is not a .memstats names the figure it could not find."""
+    with pytest.raises(ValueError, match="arenas allocated current"):
+        memtrace.read_stats('# glibc malloc_info()\n<malloc version="1"></malloc>\n')
