@@ -578,11 +578,24 @@ async def _retire(built: Built, scheduler: ProbeScheduler, spec: EndpointSpec, r
 async def _idle_then_forget(built: Built, scheduler: ProbeScheduler, spec: EndpointSpec) -> None:
     """Wait for a removed endpoint's last running probe, then drop its series again: that
     probe's result, recorded after the removal, made them anew (for good: no later removal
-    would come for them)."""
+    would come for them). Its alert states, stored with it, went over the resolved rows
+    retire wrote: those are written again."""
     await scheduler.idle(spec.name)
-    if not scheduler.schedules(spec.name):  # not added again meanwhile
-        kinds = [k.value for k in spec.probes]
-        built.metrics.forget_endpoint(spec.name, spec.model, spec.flavour, kinds)
+    if scheduler.schedules(spec.name):  # added again meanwhile
+        return
+    kinds = [k.value for k in spec.probes]
+    built.metrics.forget_endpoint(spec.name, spec.model, spec.flavour, kinds)
+    if built.alerts is None:
+        return
+    corrections = built.alerts.corrections(spec.name)
+    if not corrections:
+        return
+    try:
+        await asyncio.to_thread(built.store.save_alert_states, corrections)
+    except StoreError as exc:
+        # Delivery reads the evaluator, which kept the resolution: only the history's
+        # alerts page shows the late row until the endpoint comes back.
+        log.warning("retire_alerts_failed", endpoint=spec.name, error=str(exc))
 
 
 def _forget_dropped(

@@ -36,6 +36,8 @@ KEEP_RETIRED = timedelta(minutes=15)
 
 # Probe kinds whose failures the served window explains.
 _WINDOW_PROBES = frozenset(k.value for k in WINDOW_KINDS)
+# The states retire() ends: a late probe must not bring them back.
+_ACTIVE = frozenset({AlertStatus.FIRING, AlertStatus.PENDING})
 
 
 def _served_sentence(report: ProbeReport, target: Target) -> str | None:
@@ -62,6 +64,9 @@ class AlertEvaluator:
         self._states = {s.key: s for s in map(AlertState.from_record, states)}
         # Endpoints removed by a reload, and when (at most those removed in keep_retired).
         self._retired: dict[str, datetime] = {}
+        # Per retired endpoint, the states a probe judged before its removal and stored after
+        # it (committed refused them): their database rows must be written over again.
+        self._refused: dict[str, dict[AlertKey, AlertState]] = {}
         self._keep_retired = keep_retired
         self._probe_url = probe_url
         self.wake = wake
@@ -101,6 +106,13 @@ class AlertEvaluator:
     def committed(self, records: Sequence[AlertStateRecord]) -> None:
         for record in records:
             state = AlertState.from_record(record)
+            if state.endpoint in self._retired and state.state in _ACTIVE:
+                # A probe judged before its endpoint's removal and stored after it: adopted,
+                # it would undo retire()'s resolution and page for good (nothing probes the
+                # endpoint any more). Its row, written with the probe, is put right by
+                # corrections() once the endpoint's last probe has ended.
+                self._refused.setdefault(state.endpoint, {})[state.key] = state
+                continue
             self._states[state.key] = state
         self._forget_retired()
         if records:
@@ -159,6 +171,21 @@ class AlertEvaluator:
     def revive(self, endpoint: str) -> None:
         """``endpoint`` is configured again: its states are its own again, not to be dropped."""
         self._retired.pop(endpoint, None)
+        self._refused.pop(endpoint, None)
+
+    def corrections(self, endpoint: str) -> list[AlertStateRecord]:
+        """For a retired endpoint whose last probes have ended: the states to write over the
+        rows those probes stored after :meth:`retire` (see :meth:`committed`), as retire left
+        them (resolved, or inactive for an alert they opened); [] when there were none."""
+        refused = self._refused.pop(endpoint, {})
+        now = self._clock()
+        records = []
+        for key, late in refused.items():
+            state = self._states.get(key) or dataclasses.replace(
+                late, state=AlertStatus.INACTIVE, failures=0, updated_at=now
+            )
+            records.append(AlertStateRecord(**dataclasses.asdict(state)))
+        return records
 
     def _forget_retired(self) -> None:
         if not self._retired:
@@ -170,6 +197,7 @@ class AlertEvaluator:
         self._states = {k: s for k, s in self._states.items() if s.endpoint not in gone}
         for endpoint in gone:
             del self._retired[endpoint]
+            self._refused.pop(endpoint, None)
 
     @property
     def state_count(self) -> int:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from datetime import timedelta
+from types import SimpleNamespace
 
-from kvwatch.alerting.evaluator import AlertEvaluator
+from kvwatch.alerting.evaluator import RESOLVED_REASON, AlertEvaluator
 from kvwatch.alerting.policy import default_policy
 from kvwatch.alerting.state import AlertStatus, evaluate
 from kvwatch.canary.model import ProbeKind, Verdict
 from kvwatch.config import parse_config
+from kvwatch.daemon import _idle_then_forget
 from kvwatch.probe.model import ProbeReport, Target
 from kvwatch.store.records import AlertStateRecord
 from tests.alerting.test_cross_tenant_alert import T0, leak_event
@@ -112,3 +115,64 @@ def test_a_revived_endpoints_failures_are_judged_again() -> None:
     alerts.revive("glm-prod")
     changed = alerts.evaluate(_failed_under("glm-prod"), _target("glm-prod"))
     assert [(c.alertname, c.state) for c in changed] == [("KVWatchContextNotHonored", "firing")]
+
+
+def test_a_probe_judged_before_the_removal_and_stored_after_it_reopens_nothing() -> None:
+    """A failure judged just before retire() and committed after it is refused: delivery
+    keeps the resolution, and corrections() gives the rows to write over the late ones
+    (resolved as retire left it, inactive for an alert the late probe opened), once."""
+    clock = Clock()
+    alerts = evaluator(clock)
+    [leak] = firing_records()
+    late = [
+        dataclasses.replace(leak, failures=leak.failures + 1, updated_at=clock.now),
+        *alerts.evaluate(_failed_under("glm-prod"), _target("glm-prod")),
+    ]
+    assert [(r.alertname, r.state) for r in late][1] == ("KVWatchContextNotHonored", "firing")
+    alerts.committed(alerts.retire("glm-prod", "the endpoint was removed from the configuration"))
+    alerts.committed(late)
+    assert [(r.alertname, r.state) for r in alerts.records()] == [(leak.alertname, "resolved")]
+    fixes = {r.alertname: r for r in alerts.corrections("glm-prod")}
+    assert fixes[leak.alertname].state == "resolved"
+    assert fixes[leak.alertname].annotations[RESOLVED_REASON].startswith("the endpoint was")
+    assert fixes["KVWatchContextNotHonored"].state == "inactive"
+    assert alerts.corrections("glm-prod") == []
+
+
+class _Scheduler:
+    """The two calls _idle_then_forget makes: the endpoint's last probe ends on ``ended``."""
+
+    def __init__(self) -> None:
+        self.ended = asyncio.Event()
+
+    async def idle(self, endpoint: str) -> None:
+        await self.ended.wait()
+
+    def schedules(self, endpoint: str) -> bool:
+        return False
+
+
+async def test_the_late_rows_are_written_over_once_the_endpoints_last_probe_ended() -> None:
+    """The daemon saves the corrections after the probe in flight has stored its own rows,
+    never before (they would be overwritten again)."""
+    clock = Clock()
+    alerts = evaluator(clock)
+    late = alerts.evaluate(_failed_under("glm-prod"), _target("glm-prod"))
+    alerts.committed(alerts.retire("glm-prod", "the endpoint was removed from the configuration"))
+    saved: list[list[AlertStateRecord]] = []
+    built = SimpleNamespace(
+        alerts=alerts,
+        store=SimpleNamespace(save_alert_states=saved.append),
+        metrics=SimpleNamespace(forget_endpoint=lambda *args: None),
+    )
+    scheduler = _Scheduler()
+    spec = _target("glm-prod").spec
+    waiting = asyncio.create_task(_idle_then_forget(built, scheduler, spec))  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    alerts.committed(late)  # the probe in flight stores its result
+    assert saved == []
+    scheduler.ended.set()
+    await waiting
+    assert [[(r.alertname, r.state) for r in rows] for rows in saved] == [
+        [("KVWatchContextNotHonored", "inactive")]
+    ]
