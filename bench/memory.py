@@ -365,7 +365,10 @@ def measure(opts: Options, tmp: Path) -> Run:
             if opts.tracemalloc:
                 run.top = top_sites(*snaps)
             else:
-                run.stats = [read_stats(path.read_text()) for path in snaps]
+                try:
+                    run.stats = [read_stats(path.read_text()) for path in snaps]
+                except ValueError as exc:  # e.g. PYTHONMALLOC=malloc: no CPython arenas
+                    print(f"allocator snapshots unreadable: {exc}", file=sys.stderr)
     return run
 
 
