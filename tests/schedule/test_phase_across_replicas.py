@@ -21,6 +21,7 @@ from kvwatch.store.repository import Store
 from tests.helpers.targets import config_for, sim_endpoint_entry
 
 INTERVAL = 3.0
+SLACK = 1.0  # seconds a run may start after its phase
 NAMES = ("a", "b", "c")
 
 
@@ -72,5 +73,8 @@ async def test_two_replicas_and_a_restart_run_every_job_at_its_hashed_phase(
         assert p.slot is not None
         offset = p.started_at.timestamp() - p.slot
         phase = phase_ms(p.endpoint, "baseline", INTERVAL) / 1000
-        # Started at the slot's phase, give or take the event loop and the first write.
-        assert phase <= offset < phase + 0.5, (p.endpoint, p.replica, offset, phase)
+        # Started at the slot's phase (never before it), give or take the event loop and the
+        # slot claim's round trips: on PostgreSQL, in a full CI run on 2 shared cores, one
+        # started 0.86 s late (0.5 s was the bound then). A run at the slot's start, or a
+        # second or more off its phase, still fails.
+        assert phase <= offset < phase + SLACK, (p.endpoint, p.replica, offset, phase)
