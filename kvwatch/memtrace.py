@@ -38,6 +38,8 @@ from pathlib import Path
 
 import structlog
 
+from kvwatch.arenas import _libc as libc
+
 ENV = "KVWATCH_TRACEMALLOC"
 STATS_ENV = "KVWATCH_MEMSTATS"
 # Frames kept per allocation: enough to see who called the allocating line, few enough that
@@ -111,15 +113,11 @@ def _write_stats(path: Path) -> None:
 def _malloc_info(fd: int) -> None:
     # glibc writes its XML to a FILE*: one opened on a copy of the file's descriptor, flushed
     # and closed before the child leaves. Not glibc: the section stays empty.
-    try:
-        libc = ctypes.CDLL(None)
-        fdopen, malloc_info, fclose = libc.fdopen, libc.malloc_info, libc.fclose
-    except (OSError, AttributeError):
+    fdopen = libc("fdopen", (ctypes.c_int, ctypes.c_char_p), ctypes.c_void_p)
+    malloc_info = libc("malloc_info", (ctypes.c_int, ctypes.c_void_p), ctypes.c_int)
+    fclose = libc("fclose", (ctypes.c_void_p,), ctypes.c_int)
+    if fdopen is None or malloc_info is None or fclose is None:
         return
-    fdopen.restype = ctypes.c_void_p
-    fdopen.argtypes = (ctypes.c_int, ctypes.c_char_p)
-    malloc_info.argtypes = (ctypes.c_int, ctypes.c_void_p)
-    fclose.argtypes = (ctypes.c_void_p,)
     stream = fdopen(os.dup(fd), b"w")
     if stream:
         malloc_info(0, stream)
