@@ -42,6 +42,21 @@ def test_with_the_fixed_threshold_a_large_buffer_goes_back_to_the_os_every_time(
     assert after.free - before.free < 4 * 1024 * 1024, (before, after)
 
 
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the threshold is glibc's")
+def test_with_the_fixed_threshold_a_prompt_sized_buffer_gets_a_mapping_of_its_own() -> None:
+    """64 KiB buffers (a prompt or a body) that the heap's free chunks cannot hold are mapped,
+    not cut from the heap's top."""
+    assert arenas.fix_mmap_threshold({}) is True
+    before = arenas.heap()
+    assert before is not None
+    buffers = [bytearray(64 * 1024) for _ in range(64)]
+    during = arenas.heap()
+    del buffers
+    assert during is not None
+    # glibc fills a request from its free chunks first; only the rest can be mapped.
+    assert during.mmapped - before.mmapped >= 64 * 64 * 1024 - before.free, (before, during)
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the cap is glibc's")
 def test_on_glibc_the_cap_is_applied() -> None:
     """Without MALLOC_ARENA_MAX, mallopt accepts the cap of two arenas."""
