@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from bench import exit_on_sigterm
+
 BENCHMARKS = (
     "planner",
     "calibration",
@@ -38,6 +40,7 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    exit_on_sigterm()
     for name in names:
         module = importlib.import_module(f"bench.{name}")
         if name in WITH_OPTIONS:

@@ -18,6 +18,7 @@ Medians over several runs, each from an uncalibrated start.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import statistics
 import tempfile
 from collections.abc import Sequence
@@ -119,7 +120,10 @@ async def one_run(mode: str, spec: str, engine: str, folder: Path, run: int) -> 
             from kvwatch.tokens.local import TiktokenCounter
 
             encoding = _byte_encoding()
-            target.counter = TiktokenCounter("bench_bytes", encoding=encoding)
+            # Target is frozen: a copy with the local counter (the same endpoint state).
+            target = dataclasses.replace(
+                target, counter=TiktokenCounter("bench_bytes", encoding=encoding)
+            )
         runner = ProbeRunner(store=store, metrics=metrics, replica="bench")
         limit = WINDOW - MAX_TOKENS
         for cycle in range(1, CYCLES + 1):

@@ -54,6 +54,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from bench import exit_on_sigterm
 from bench.machine import describe
 from bench.scale import DEFAULT_POSTGRES, database, free_port, memory_mb, simulator
 from kvwatch.memtrace import MemStats, read_stats
@@ -540,4 +541,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     main()

@@ -61,6 +61,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from bench import exit_on_sigterm
 from bench.machine import describe
 from kvwatch.simulator.fleet import DEMO_MODEL, scale_fleet
 
@@ -229,7 +230,8 @@ class Result:
 
 
 def write_config(opts: Options, tmp: Path, sim_url: str, db_url: str) -> Path:
-    fleet = scale_fleet(opts.endpoints, *map(int, opts.windows.split("-")))
+    low, high = map(int, opts.windows.split("-"))
+    fleet = scale_fleet(opts.endpoints, low, high)
     config = {
         "database": db_url,
         "listen": f"127.0.0.1:{free_port()}",
@@ -334,7 +336,8 @@ def count_slots(db_url: str, result: Result, opts: Options, started: float, stop
         engine.dispose()
     runs = {(str(e), str(k), int(s)): int(n) for e, k, s, n in rows}
     slots = range(first, last + 1, interval)
-    fleet = scale_fleet(opts.endpoints, *map(int, opts.windows.split("-")))
+    low, high = map(int, opts.windows.split("-"))
+    fleet = scale_fleet(opts.endpoints, low, high)
     expected = [(e.name, k, s) for e in fleet for k in opts.probes for s in slots]
     result.expected = len(expected)
     result.lost = sum(1 for key in expected if key not in runs)
@@ -574,4 +577,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     main()
