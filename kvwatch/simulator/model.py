@@ -25,7 +25,7 @@ from kvwatch.simulator import errors, tokenizer
 from kvwatch.simulator.errors import ErrorBody
 from kvwatch.simulator.prefix import BLOCK_TOKENS, PrefixCache
 from kvwatch.simulator.spec import FaultMode, Flavour, SimEndpoint
-from kvwatch.simulator.traces import ReceivedTraces
+from kvwatch.simulator.traces import ReceivedTraces, kept_per_endpoint
 
 # The release a simulated engine reports until a redeploy changes it.
 SIM_VERSION = "0.0.0-kvwatch-sim"
@@ -588,7 +588,7 @@ class Simulation:
     def __init__(self, endpoints: Sequence[SimEndpoint]) -> None:
         self._states: dict[str, EndpointState] = {}
         # The trace headers each endpoint received (kvwatch.simulator.traces).
-        self.traces = ReceivedTraces()
+        self.traces = ReceivedTraces(kept_per_endpoint(len(endpoints)))
         for spec in endpoints:
             if spec.name in self._states:
                 raise ValueError(f"duplicate simulated endpoint name {spec.name!r}")

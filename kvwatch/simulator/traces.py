@@ -2,9 +2,11 @@
 
 kvwatch stores the trace id of each probe and sends it on every request the probe makes; an
 engine that reads it (vLLM with OpenTelemetry, llm-d, KServe) starts its spans under it. The
-simulator keeps, per endpoint, the last :data:`KEPT` requests' trace headers (``traceparent``,
+simulator keeps, per endpoint, the latest requests' trace headers (``traceparent``,
 ``tracestate``, ``b3``) with their path, so a test can check that what was stored is what
-arrived. Recorded by an ASGI middleware in front of every route, so no route can forget it;
+arrived: up to :data:`KEPT` per endpoint, and :data:`KEPT_TOTAL` across a simulator's
+endpoints (:func:`kept_per_endpoint`), so a fleet of a thousand keeps a few megabytes.
+Recorded by an ASGI middleware in front of every route, so no route can forget it;
 ``GET /_sim/traces`` serves them to tests that run the simulator in another process.
 """
 
@@ -21,6 +23,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 TRACE_HEADERS = ("traceparent", "tracestate", "b3")
 # Enough for every request of a test's probes; a long game day keeps only the latest.
 KEPT = 1000
+# The bound across all endpoints (about 430 bytes a record): a 1,000-endpoint fleet kept
+# 1,000 each, 440 MB, and its garbage collections over a million dicts took the simulator
+# more than a core at 50 probes/s (bench memory, issue 25).
+KEPT_TOTAL = 16 * KEPT
+# The fewest kept per endpoint however large the fleet: a probe's own requests.
+KEPT_MIN = 16
+
+
+def kept_per_endpoint(endpoints: int) -> int:
+    """How many requests' headers each of ``endpoints`` keeps: :data:`KEPT` for a test's few
+    endpoints, fewer for a fleet, so that all of them keep about :data:`KEPT_TOTAL`."""
+    return max(KEPT_MIN, min(KEPT, KEPT_TOTAL // max(1, endpoints)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +51,14 @@ class ReceivedTrace:
 class ReceivedTraces:
     """Per endpoint name, the trace headers of its latest requests, oldest first."""
 
-    def __init__(self) -> None:
+    def __init__(self, per_endpoint: int = KEPT) -> None:
+        if per_endpoint < 1:
+            raise ValueError(f"traces kept per endpoint must be at least 1, got {per_endpoint}")
+        self.per_endpoint = per_endpoint
         self._by_endpoint: dict[str, deque[ReceivedTrace]] = {}
 
     def record(self, endpoint: str, path: str, headers: dict[str, str]) -> None:
-        kept = self._by_endpoint.setdefault(endpoint, deque(maxlen=KEPT))
+        kept = self._by_endpoint.setdefault(endpoint, deque(maxlen=self.per_endpoint))
         kept.append(ReceivedTrace(path, headers))
 
     def of(self, endpoint: str) -> list[ReceivedTrace]:
