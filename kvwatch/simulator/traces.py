@@ -23,9 +23,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 TRACE_HEADERS = ("traceparent", "tracestate", "b3")
 # Enough for every request of a test's probes; a long game day keeps only the latest.
 KEPT = 1000
-# The bound across all endpoints (about 430 bytes a record): a 1,000-endpoint fleet kept
-# 1,000 each, 440 MB, and its garbage collections over a million dicts took the simulator
-# more than a core at 50 probes/s (bench memory, issue 25).
+# The bound across all endpoints (about 430 bytes a record): a 1,020-endpoint fleet kept
+# 1,000 each, 440 MB, and two such simulators took more than a core after an hour and a half
+# at 50 probes/s each (bench memory, issue 25).
 KEPT_TOTAL = 16 * KEPT
 # The fewest kept per endpoint however large the fleet: a probe's own requests.
 KEPT_MIN = 16
