@@ -58,7 +58,9 @@ class ReceivedTraces:
         self._by_endpoint: dict[str, deque[ReceivedTrace]] = {}
 
     def record(self, endpoint: str, path: str, headers: dict[str, str]) -> None:
-        kept = self._by_endpoint.setdefault(endpoint, deque(maxlen=self.per_endpoint))
+        kept = self._by_endpoint.get(endpoint)
+        if kept is None:  # not setdefault: that would build a deque on every request
+            kept = self._by_endpoint[endpoint] = deque(maxlen=self.per_endpoint)
         kept.append(ReceivedTrace(path, headers))
 
     def of(self, endpoint: str) -> list[ReceivedTrace]:
