@@ -56,9 +56,16 @@ import yaml
 
 from bench import exit_on_sigterm
 from bench.machine import describe
-from bench.scale import DEFAULT_POSTGRES, database, free_port, memory_mb, simulator
+from bench.scale import (
+    DEFAULT_POSTGRES,
+    database,
+    free_port,
+    memory_mb,
+    simulator,
+    windowed_fleet,
+)
 from kvwatch.memtrace import MemStats, read_stats
-from kvwatch.simulator.fleet import DEMO_MODEL, scale_fleet
+from kvwatch.simulator.fleet import DEMO_MODEL
 from kvwatch.simulator.spec import SimEndpoint
 
 TOP_SITES = 15
@@ -290,8 +297,7 @@ def kvwatch(
 
 def measure(opts: Options, tmp: Path) -> Run:
     run = Run(loadavg=" ".join(Path("/proc/loadavg").read_text().split()[:3]))
-    low, high = map(int, opts.windows.split("-"))
-    sim = scale_fleet(opts.endpoints + opts.churn, low, high)
+    sim = windowed_fleet(opts.endpoints + opts.churn, opts.windows)
     fleet = Fleet(sim=sim)
     fleet.active = {e.name: i for i, e in enumerate(sim[: opts.endpoints])}
     fleet.spare = list(range(opts.endpoints, len(sim)))

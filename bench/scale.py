@@ -64,6 +64,7 @@ from sqlalchemy.pool import NullPool
 from bench import exit_on_sigterm
 from bench.machine import describe
 from kvwatch.simulator.fleet import DEMO_MODEL, scale_fleet
+from kvwatch.simulator.spec import SimEndpoint
 
 DEFAULT_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 LAG_P99_TARGET = 1.0
@@ -76,6 +77,13 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, -(-len(ordered) * q // 100))
     return ordered[int(rank) - 1]
+
+
+def windowed_fleet(count: int, windows: str) -> list[SimEndpoint]:
+    """``scale_fleet`` of ``count`` endpoints with windows spread over ``windows``, the
+    ``--fleet-window`` option's ``LOW-HIGH``."""
+    low, high = map(int, windows.split("-"))
+    return scale_fleet(count, low, high)
 
 
 def free_port() -> int:
@@ -230,8 +238,7 @@ class Result:
 
 
 def write_config(opts: Options, tmp: Path, sim_url: str, db_url: str) -> Path:
-    low, high = map(int, opts.windows.split("-"))
-    fleet = scale_fleet(opts.endpoints, low, high)
+    fleet = windowed_fleet(opts.endpoints, opts.windows)
     config = {
         "database": db_url,
         "listen": f"127.0.0.1:{free_port()}",
@@ -336,8 +343,7 @@ def count_slots(db_url: str, result: Result, opts: Options, started: float, stop
         engine.dispose()
     runs = {(str(e), str(k), int(s)): int(n) for e, k, s, n in rows}
     slots = range(first, last + 1, interval)
-    low, high = map(int, opts.windows.split("-"))
-    fleet = scale_fleet(opts.endpoints, low, high)
+    fleet = windowed_fleet(opts.endpoints, opts.windows)
     expected = [(e.name, k, s) for e in fleet for k in opts.probes for s in slots]
     result.expected = len(expected)
     result.lost = sum(1 for key in expected if key not in runs)
