@@ -75,8 +75,21 @@ def _run(engine: Engine, revision: str, *, downgrade: bool) -> None:
                 # transaction, so it is set before one begins and checked before commit.
                 connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
                 connection.commit()
+                raw = connection.connection.driver_connection
+                implicit = raw.isolation_level
+                # Python's sqlite3 opens a transaction only before INSERT, UPDATE, DELETE or
+                # REPLACE, so CREATE, DROP and ALTER outside one commit on their own: a
+                # migration stopped halfway (SIGKILL, a failed step) would leave half a
+                # schema that the next start cannot migrate ("table ... already exists").
+                # So the migration's transaction is begun here, before its first DDL, and
+                # the driver's own BEGIN is switched off meanwhile.
+                raw.isolation_level = None
             try:
                 with connection.begin():
+                    if sqlite:
+                        # IMMEDIATE: the write lock is taken now (waiting out busy_timeout),
+                        # not halfway through when another writer could hold it.
+                        connection.exec_driver_sql("BEGIN IMMEDIATE")
                     if connection.dialect.name == "postgresql":
                         # Released at commit; a second replica waits, then finds nothing.
                         connection.execute(select(func.pg_advisory_xact_lock(_ADVISORY_LOCK_KEY)))
@@ -94,6 +107,7 @@ def _run(engine: Engine, revision: str, *, downgrade: bool) -> None:
                             )
             finally:
                 if sqlite:
+                    raw.isolation_level = implicit
                     connection.exec_driver_sql("PRAGMA foreign_keys=ON")
                     connection.commit()
     except SQLAlchemyError as exc:
