@@ -74,14 +74,21 @@ def test_every_probe_row_is_done_or_interrupted_after_repeated_sigkills(tmp_path
                 # Mid-probe: a row of this run is running, then a random point of its 1.5 s
                 # wait. Only under and baseline wait: the simulator rejects an over probe at
                 # once, and a row left running by the last kill is not this run's.
-                wait_for(
-                    "a new running under or baseline probe",
-                    lambda newest=newest: count(
-                        db, f"state = 'running' AND kind != 'over' AND id > {newest}"
-                    ),
-                    timeout=60,
-                    every=0.05,
-                )
+                try:
+                    wait_for(
+                        "a new running under or baseline probe",
+                        lambda newest=newest: count(
+                            db, f"state = 'running' AND kind != 'over' AND id > {newest}"
+                        ),
+                        timeout=60,
+                        every=0.05,
+                    )
+                except AssertionError as exc:
+                    # Say why: the daemon's own log (a start that failed says so there).
+                    tail = log.read_text()[-3000:]
+                    raise AssertionError(
+                        f"{exc}; seed {seed}, kills so far {moments}\n{tail}"
+                    ) from None
                 delay = rng.uniform(0.0, 1.2)
             else:
                 delay = rng.uniform(0.3, 4.0)  # anywhere: imports, migration, scheduling
