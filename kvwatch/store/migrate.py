@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -75,7 +76,7 @@ def _run(engine: Engine, revision: str, *, downgrade: bool) -> None:
                 # transaction, so it is set before one begins and checked before commit.
                 connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
                 connection.commit()
-                raw = connection.connection.driver_connection
+                raw: Any = connection.connection.driver_connection  # sqlite3.Connection
                 implicit = raw.isolation_level
                 # Python's sqlite3 opens a transaction only before INSERT, UPDATE, DELETE or
                 # REPLACE, so CREATE, DROP and ALTER outside one commit on their own: a
