@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -80,6 +80,9 @@ class Built:
     targets: list[Target]
     delivery: Delivery | None = None
     alerts: AlertEvaluator | None = None
+    # Filler piece counts by (flavour, model), kept across reloads: one entry per model some
+    # target serves (a reload drops the others).
+    piece_caches: dict[tuple[str, str], PieceCache] = field(default_factory=dict)
 
 
 def alertmanager_settings(config: Config) -> AlertmanagerSettings | None:
@@ -195,15 +198,18 @@ def build_targets(
     store: Store,
     client_for: Callable[[str], httpx.AsyncClient],
     metrics: ProbeMetrics,
+    piece_caches: dict[tuple[str, str], PieceCache] | None = None,
 ) -> list[Target]:
     """Register ``specs`` and build their targets; ``client_for(name)``: the endpoint's HTTP
-    client (:meth:`EndpointClients.for_endpoint` in the daemon)."""
+    client (:meth:`EndpointClients.for_endpoint` in the daemon); ``piece_caches``: the
+    daemon's, so endpoints a reload adds share their model's counts (one of its own
+    otherwise)."""
     targets = []
     # The served window measured before a restart or reload: the streak it belongs to goes on,
     # and the next page of that streak must describe it (the runner reads it again anyway).
     served = store.served_windows() if specs else {}
     # Filler piece counts are shared by every endpoint serving the same model.
-    caches: dict[tuple[str, str], PieceCache] = {}
+    caches = {} if piece_caches is None else piece_caches
     for spec in specs:
         endpoint_id = store.upsert_endpoint(
             spec.name,
@@ -254,8 +260,14 @@ async def build(config: Config, *, upgrade: bool = True, alerting: bool = True) 
     metrics = ProbeMetrics(registry)
     registry.register(ServedWindowCollector(store.served_windows))
     clients = EndpointClients()
+    piece_caches: dict[tuple[str, str], PieceCache] = {}
     targets = await asyncio.to_thread(
-        build_targets, config.resolved_endpoints(), store, clients.for_endpoint, metrics
+        build_targets,
+        config.resolved_endpoints(),
+        store,
+        clients.for_endpoint,
+        metrics,
+        piece_caches,
     )
     runner = ProbeRunner(
         store=store,
@@ -285,8 +297,10 @@ async def build(config: Config, *, upgrade: bool = True, alerting: bool = True) 
 
             delivery = Delivery(settings=settings, load_states=current_states, registry=registry)
             alerts.wake = delivery.notify
-        return Built(store, registry, metrics, clients, runner, targets, delivery, alerts)
-    return Built(store, registry, metrics, clients, runner, targets)
+        return Built(
+            store, registry, metrics, clients, runner, targets, delivery, alerts, piece_caches
+        )
+    return Built(store, registry, metrics, clients, runner, targets, piece_caches=piece_caches)
 
 
 class Daemon:
@@ -396,7 +410,12 @@ class Daemon:
         changed = [s for name, s in specs.items() if name not in old or old[name].spec != s]
         try:
             fresh = await asyncio.to_thread(
-                build_targets, changed, built.store, built.clients.for_endpoint, built.metrics
+                build_targets,
+                changed,
+                built.store,
+                built.clients.for_endpoint,
+                built.metrics,
+                built.piece_caches,
             )
         except StoreError as exc:
             return False, f"could not register endpoints: {exc}"
@@ -424,6 +443,7 @@ class Daemon:
         fresh_names = {t.spec.name for t in fresh}
         built.targets = [t for t in built.targets if t.spec.name in specs]
         built.targets = [t for t in built.targets if t.spec.name not in fresh_names] + fresh
+        drop_unused_piece_caches(built.piece_caches, built.targets)
         return True, (
             f"{len(specs)} endpoints: {len([n for n in specs if n not in old])} added, "
             f"{len([s for s in changed if s.name in old])} changed, {len(removed)} removed"
@@ -609,10 +629,21 @@ def _forget_dropped(
         built.metrics.forget_kinds(name, gone)
 
 
+def drop_unused_piece_caches(
+    caches: dict[tuple[str, str], PieceCache], targets: Sequence[Target]
+) -> None:
+    """Forget the piece counts of models no target serves any more (a probe of a removed
+    endpoint still running keeps its own reference)."""
+    served = {(t.spec.flavour, t.spec.model) for t in targets}
+    for key in [key for key in caches if key not in served]:
+        del caches[key]
+
+
 def _sizes(built: Built, scheduler: ProbeScheduler) -> dict[str, int]:
     """What kvwatch_internal_entries exports: the long-lived maps kept per endpoint."""
     sizes = {
         "targets": len(built.targets),
+        "piece_caches": len(built.piece_caches),
         "http_clients": len(built.clients),
         "results_buffered": len(built.runner.results),
         **built.metrics.sizes(),

@@ -119,6 +119,8 @@ def test_a_reload_removing_endpoints_leaves_no_series_and_shrinks_the_internal_m
             for name in ("metric_series_cache", "metric_token_cache", "scheduler_due"):
                 assert after[name] <= 2, (name, after)
             assert after["metric_children"] < before["metric_children"]
+            # One model before and after: its filler counts are kept, not made again.
+            assert before["piece_caches"] == after["piece_caches"] == 1, (before, after)
         finally:
             assert stop(proc) == 0, log.read_text()
             engine.dispose()
