@@ -21,9 +21,10 @@ BENCHMARKS = (
     "memory",
     "changes",
     "scrape",
+    "tokenids",
 )
 # Benchmarks whose main() takes its command-line options (the others take none).
-WITH_OPTIONS = ("history", "scale", "memory", "scrape")
+WITH_OPTIONS = ("history", "scale", "memory", "scrape", "tokenids")
 
 
 def main(argv: list[str]) -> int:

@@ -87,7 +87,7 @@ class OpenAICompletionsEngine(OpenAIEngine):
     async def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
         text = plain_prompt(messages)
         if self.tokenize_shape in (None, "vllm"):
-            status, payload = await self._post_json(
+            status, payload, _ = await self._post_tokenize(
                 "/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": True}
             )
             if (

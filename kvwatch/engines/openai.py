@@ -39,6 +39,7 @@ from kvwatch.engines.rejections import (
     is_context_length_payload,
 )
 from kvwatch.engines.sse import SSEDecodeError, SSEParser
+from kvwatch.engines.tokenids import parse_tokenize_reply
 from kvwatch.limits import EXCHANGE_ERROR_CHARS
 
 TokenizeShape = Literal["vllm", "llamacpp"]
@@ -586,6 +587,18 @@ class OpenAIEngine:
             raise EngineAuthError(f"POST {url}: HTTP {status}, credentials refused")
         return status, payload
 
+    async def _post_tokenize(self, path: str, body: dict[str, Any]) -> tuple[int, Any, int | None]:
+        """POST a tokenize request: (status, the reply's JSON with its ``"tokens"`` ids left
+        out, how many integer ids there were or None), as :meth:`_post_json`, but without
+        building a Python int per token (kvwatch/engines/tokenids.py)."""
+        url = f"{self.root_url}{path}"
+        limit = max(self.body_limit_bytes, TOKENIZE_BODY_LIMIT)
+        status, raw = await self._call_raw("POST", url, body, limit)
+        if status in (401, 403):
+            raise EngineAuthError(f"POST {url}: HTTP {status}, credentials refused")
+        payload, ids = parse_tokenize_reply(raw)
+        return status, payload, ids
+
     async def _discovery_call(
         self, method: str, url: str, body: dict[str, Any] | None = None
     ) -> tuple[int, Any, bytes]:
@@ -634,7 +647,7 @@ class OpenAIEngine:
         return response.status_code, raw
 
     async def _tokenize_vllm_chat(self, messages: Sequence[Message]) -> int | None:
-        status, payload = await self._post_json(
+        status, payload, _ = await self._post_tokenize(
             "/tokenize",
             {
                 "model": self.model,
@@ -660,15 +673,19 @@ class OpenAIEngine:
         return await self._tokenize_llamacpp_text(prompt, add_special=True)
 
     async def _tokenize_llamacpp_text(self, text: str, *, add_special: bool) -> int | None:
-        status, payload = await self._post_json(
+        status, payload, ids = await self._post_tokenize(
             "/tokenize", {"content": text, "add_special": add_special}
         )
-        if status == 200 and isinstance(payload, dict) and isinstance(payload.get("tokens"), list):
-            return len(payload["tokens"])
-        return None
+        if status != 200 or not isinstance(payload, dict):
+            return None
+        if ids is not None:
+            return ids
+        # Not plain ids (e.g. with pieces): one entry per token all the same.
+        tokens = payload.get("tokens")
+        return len(tokens) if isinstance(tokens, list) else None
 
     async def _tokenize_vllm_text(self, text: str) -> int | None:
-        status, payload = await self._post_json(
+        status, payload, _ = await self._post_tokenize(
             "/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False}
         )
         if status == 200 and isinstance(payload, dict):
