@@ -11,9 +11,22 @@ requests of a cycle share one.
 Every answer must hold its own marker and its own word. Outputs are never compared
 across batch sizes: engines are not batch-invariant by default, so only correctness is.
 An answer holding another request's marker is a cross-request leak under load
-(``burst_leak``); a wrong answer under load while the solo request was right is
-``burst_wrong``; a solo request that fails its own task says the canary cannot work on this
+(``burst_leak``); a solo request that fails its own task says the canary cannot work on this
 model (``canary_ineffective``), never an incident.
+
+A member that answered wrong is sent again alone, the same prompt (its *control*). The solo
+request proves the model does the task on *its* prompt, not on every prompt: a small model
+fails some prompts whatever the batch, the same way every time (Gemma 3 270M dropped part of
+a marker on 2 of 240 requests, and again each time the prompt was sent alone;
+docs/llamacpp-facts.md, "Burst task under batching"). So a member wrong in the burst and
+right alone is ``burst_wrong``; one wrong alone too is the model's failure, not the batch's
+(``canary_ineffective``). The control is the very prompt, not a variant behind a new first
+line (as the cache canary's): a small model's answer turns on single tokens (a leading line
+fixed one of those two prompts), so only the same tokens tell the batch from the model. An
+engine may serve the control from its prefix cache, built by the batch; if the batch broke
+those pages the control is wrong too, so more wrong members than :data:`MAX_CONTROLS` are
+``burst_wrong`` without controls: a model that fails a prompt now and then does not fail
+four of one burst.
 """
 
 from __future__ import annotations
@@ -69,6 +82,9 @@ _KNOWN = frozenset(WORDS)
 # A burst is load on the engine being watched: at most this many requests at once (each gets
 # a word of its own).
 MAX_SIZE = len(WORDS) - 1
+# Wrong members a cycle sends again alone, at most: more wrong members than this is a batch
+# fault without controls (the model failed 2 of 240 prompts, never two in one cycle).
+MAX_CONTROLS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +92,10 @@ class BurstTask:
     """One request of a burst cycle: its marker and its task."""
 
     index: int  # 0: the solo request; 1..N: the burst's members
-    size: int  # requests sent at once with it (1: the solo request)
+    size: int  # requests sent at once with it (1: the solo request or a control)
     marker: str
     word: str
+    control: bool = False  # member ``index`` sent again alone (see :func:`control_of`)
 
     @property
     def expected(self) -> str:
@@ -94,6 +111,23 @@ class BurstTask:
             "the code, then the animal."
         )
         return (Message("user", text),)
+
+
+def control_of(task: BurstTask) -> BurstTask:
+    """The control of member ``task``: its own prompt, sent alone."""
+    return dataclasses.replace(task, size=1, control=True)
+
+
+def needs_controls(requests: Sequence[BurstRequest]) -> tuple[int, ...]:
+    """The members to send again alone: those that answered wrong after a right solo request,
+    with nothing else wrong (a leak or a failure is judged as it stands), when they are no
+    more than :data:`MAX_CONTROLS` (more is a batch fault as it stands)."""
+    if not requests or requests[0].outcome is not BurstOutcome.RIGHT:
+        return ()
+    if any(r.outcome not in (BurstOutcome.RIGHT, BurstOutcome.WRONG) for r in requests):
+        return ()
+    wrong = tuple(r.index for r in _members(requests) if r.outcome is BurstOutcome.WRONG)
+    return wrong if len(wrong) <= MAX_CONTROLS else ()
 
 
 def fits(prompt_tokens: int, window: int) -> bool:
@@ -171,7 +205,7 @@ def judge_burst(sent: Sequence[Sent], *, tenant: str | None = None) -> Judgement
     stopped = _stopped(sent, requests, verdict)
     if stopped is not None:
         return stopped
-    solo, members = requests[0], requests[1:]
+    solo, members = requests[0], _members(requests)
     if solo.outcome is BurstOutcome.WRONG:
         return verdict(
             Verdict.CANARY_INEFFECTIVE,
@@ -180,12 +214,7 @@ def judge_burst(sent: Sequence[Sent], *, tenant: str | None = None) -> Judgement
         )
     wrong = [r for r in members if r.outcome is BurstOutcome.WRONG]
     if wrong:
-        first = wrong[0]
-        return verdict(
-            Verdict.BURST_WRONG,
-            f"{len(wrong)} of {len(members)} concurrent requests answered wrong while the "
-            f"solo request was right: request {first.index} {_wrong(first)}",
-        )
+        return _judge_wrong(wrong, len(members), requests, verdict)
     return verdict(
         Verdict.PASS,
         f"the solo request and {len(members)} concurrent requests each answered their own "
@@ -193,11 +222,58 @@ def judge_burst(sent: Sequence[Sent], *, tenant: str | None = None) -> Judgement
     )
 
 
+def _judge_wrong(
+    wrong: Sequence[BurstRequest], size: int, requests: Sequence[BurstRequest], verdict: _Make
+) -> Judgement:
+    """Members that answered wrong after a right solo request: ``burst_wrong`` when more than
+    :data:`MAX_CONTROLS`, or when one answered right sent again alone; the model's failure
+    when each answered wrong alone too (or was never sent alone)."""
+    said = (
+        f"{len(wrong)} of {size} concurrent requests answered wrong while the solo request "
+        "was right"
+    )
+    first = wrong[0]
+    if len(wrong) > MAX_CONTROLS:
+        return verdict(
+            Verdict.BURST_WRONG,
+            f"{said}: request {first.index} {_wrong(first)} (more at once than a model that "
+            "fails a prompt now and then)",
+        )
+    controls = {r.index: r for r in requests if r.control}
+    for r in wrong:
+        control = controls.get(r.index)
+        if control is not None and control.outcome is BurstOutcome.RIGHT:
+            return verdict(
+                Verdict.BURST_WRONG,
+                f"{said}: request {r.index} {_wrong(r)}, and answered right when sent again alone",
+            )
+    control = controls.get(first.index)
+    if control is None:
+        return verdict(
+            Verdict.CANARY_INEFFECTIVE,
+            f"{said}: request {first.index} {_wrong(first)}, and was not sent again alone to "
+            "tell the batch from the model",
+        )
+    again = "it" if len(wrong) == 1 else f"each of the {len(wrong)}"
+    return verdict(
+        Verdict.CANARY_INEFFECTIVE,
+        f"{said}, but {again} sent again alone answered wrong too (request {first.index} "
+        f"{_wrong(control)}): the model cannot do the task on those prompts, whatever the "
+        "batch",
+    )
+
+
+def _members(requests: Sequence[BurstRequest]) -> list[BurstRequest]:
+    """The burst's members: every request but the solo one and the controls."""
+    return [r for r in requests[1:] if not r.control]
+
+
 def _request(s: Sent, sent: Sequence[Sent]) -> BurstRequest:
     task, ex, scan = s.task, s.exchange, s.scan
     base = BurstRequest(
         index=task.index,
         size=task.size,
+        control=task.control,
         marker=task.marker,
         expected=task.expected,
         outcome=BurstOutcome.FAILED,
@@ -209,8 +285,13 @@ def _request(s: Sent, sent: Sequence[Sent]) -> BurstRequest:
     failure = _failure(ex)
     if failure is not None:
         return dataclasses.replace(base, detail=failure[1])
+    # A control shares its member's index and marker: one entry per request held.
     siblings = tuple(
-        o.task.index for o in sent if o.task.index != task.index and scan.recalled(o.task.marker)
+        dict.fromkeys(
+            o.task.index
+            for o in sent
+            if o.task.index != task.index and scan.recalled(o.task.marker)
+        )
     )
     answered = read_word(ex.answer)
     found = scan.recalled(task.marker)
@@ -281,11 +362,15 @@ def _leak(
     if leaked:
         one = leaked[0]
         whose = ", ".join(str(i) for i in one.siblings)
+        which = (
+            f"request {one.index} sent again alone"
+            if one.control
+            else f"request {one.index} of a burst of {one.size}"
+        )
         return verdict(
             Verdict.BURST_LEAK,
             f"{len(leaked)} of {len(requests)} requests held another request's marker: "
-            f"request {one.index} of a burst of {one.size} was answered with the marker "
-            f"of request {whose}",
+            f"{which} was answered with the marker of request {whose}",
         )
     return None
 
@@ -307,9 +392,11 @@ def _stopped(
     request, (v, detail) = failures[0]
     if request.index == 0:
         return verdict(v, f"the solo request failed: {detail}")
+    if request.control:
+        return verdict(v, f"request {request.index} sent again alone failed: {detail}")
     return verdict(
         v,
-        f"{len(failures)} of {len(requests) - 1} concurrent requests failed: request "
+        f"{len(failures)} of {len(_members(requests))} concurrent requests failed: request "
         f"{request.index}: {detail}",
     )
 

@@ -288,6 +288,9 @@ class BurstRequest:
     completion_tokens: int | None = None
     detail: str | None = None  # why it failed, for a FAILED request
     answer: str | None = None  # the answer's text (bounded when stored)
+    # Member ``index`` sent again alone after it answered wrong (kvwatch.canary.burst): its
+    # control, size 1.
+    control: bool = False
 
 
 class CacheOutcome(enum.StrEnum):

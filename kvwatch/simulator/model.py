@@ -13,6 +13,7 @@ answer.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 import time
 from collections import deque
@@ -309,7 +310,7 @@ class EndpointState:
             self.pool.write(decision.prefilled_text, decision.prefilled_tokens, tenant=tenant)
 
 
-def recall(attended: str, *, can_recall: bool = True) -> str:
+def recall(attended: str, *, can_recall: bool = True, miscopy_every: int = 0) -> str:
     """The model: repeat the first kvwatch marker it attended to, verbatim; asked for N codes
     (a prompt with one marker per depth), the first N it attended to, space-separated.
 
@@ -323,6 +324,8 @@ def recall(attended: str, *, can_recall: bool = True) -> str:
         # ends the prompt), first as planted in what it attended to.
         return _fact(attended, facts[-1]) if can_recall else NOT_FOUND
     found = list(dict.fromkeys(find_markers(attended))) if can_recall else []
+    if found and miscopies(attended, miscopy_every):
+        found[0] = found[0][:-1]
     asked = _ASKED_FOR.search(attended)
     wanted = int(asked.group(1)) if asked else 1
     answer = " ".join(found[:wanted]) if found else NOT_FOUND
@@ -331,6 +334,15 @@ def recall(attended: str, *, can_recall: bool = True) -> str:
     if planted and can_recall:
         answer = f"{answer} {planted.group(1)}"
     return answer
+
+
+def miscopies(attended: str, every: int) -> bool:
+    """Whether a model that miscopies one prompt in ``every`` miscopies this one: by the
+    text's digest, so the same prompt alike every time and in every process."""
+    if every <= 0:
+        return False
+    digest = hashlib.blake2b(attended.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % every == 0
 
 
 def _fact(attended: str, key: str) -> str:
@@ -393,8 +405,11 @@ def _answer(
     prompt_tokens: int,
     prefilled_tokens: int,
     prefilled_text: str | None,
+    miscopy_every: int = 0,
 ) -> Answer:
-    pieces = tokenizer.tokenize(recall(attended, can_recall=can_recall))
+    pieces = tokenizer.tokenize(
+        recall(attended, can_recall=can_recall, miscopy_every=miscopy_every)
+    )
     finish = "stop"
     if len(pieces) > limit:
         pieces, finish = pieces[:limit], "length"
@@ -434,6 +449,7 @@ def decide(
         limit=_answer_limit(flavour, window, sent, max_tokens),
         can_recall=fault is not FaultMode.NO_RECALL,
         usage_attended=spec.report_usage == "attended",
+        miscopy_every=spec.miscopy_every,
     )
     if over_window:  # only ACCEPT_OVER_LIMIT gets here: the context holds the first window.
         kept = text[: vocabulary.char_offset(text, window)]
@@ -533,6 +549,7 @@ class _Admitted:
     limit: int  # answer tokens the engine allows
     can_recall: bool
     usage_attended: bool  # the usage reports the tokens attended to, not those sent
+    miscopy_every: int = 0  # SimEndpoint.miscopy_every
 
     def answer(self, attended: str, tokens: int, prefilled_text: str | None) -> Answer:
         """The answer to ``attended``, ``tokens`` of context, left in the pool as
@@ -541,6 +558,7 @@ class _Admitted:
             attended,
             limit=self.limit,
             can_recall=self.can_recall,
+            miscopy_every=self.miscopy_every,
             prompt_tokens=tokens if self.usage_attended else self.sent,
             prefilled_tokens=tokens,
             prefilled_text=prefilled_text,

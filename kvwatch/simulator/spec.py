@@ -121,6 +121,11 @@ class SimEndpoint:
     # Automatic prefix caching (16-token blocks). False: a healthy engine started without it
     # (vLLM --no-enable-prefix-caching, SGLang --disable-radix-cache): nothing is cached.
     prefix_cache: bool = True
+    # A small model on a healthy engine: it miscopies the marker (drops its last symbol) for
+    # one prompt in this many (0: never), chosen by the prompt's text, so the same prompt
+    # fails the same way every time, alone or in a batch, as at temperature 0 (Gemma 3 270M:
+    # 2 of 240 burst prompts; docs/llamacpp-facts.md, "Burst task under batching").
+    miscopy_every: int = 0
 
     def __post_init__(self) -> None:
         if not _NAME_RE.fullmatch(self.name):
@@ -140,6 +145,8 @@ class SimEndpoint:
             raise ValueError(f"endpoint {self.name}: latencies must not be negative")
         if self.batch_mix_at < 2:
             raise ValueError(f"endpoint {self.name}: batch_mix_at must be at least 2")
+        if self.miscopy_every < 0:
+            raise ValueError(f"endpoint {self.name}: miscopy_every must not be negative")
         if self.batch_mix_how not in ("swap", "mix"):
             raise ValueError(f"endpoint {self.name}: batch_mix_how must be 'swap' or 'mix'")
         object.__setattr__(self, "tenant_keys", tuple(self.tenant_keys))

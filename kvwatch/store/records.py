@@ -273,6 +273,7 @@ def burst_to_json(requests: Sequence[BurstRequest]) -> list[dict[str, Any]]:
             "completion_tokens": r.completion_tokens,
             "detail": r.detail,
             "answer": r.answer,
+            "control": r.control,
         }
         for r in requests
     ]
@@ -297,6 +298,8 @@ def burst_from_json(data: list[dict[str, Any]] | None) -> tuple[BurstRequest, ..
             completion_tokens=_int_or_none(d.get("completion_tokens")),
             detail=None if d.get("detail") is None else str(d["detail"]),
             answer=None if d.get("answer") is None else str(d["answer"]),
+            # Stored before controls existed: no entry was one.
+            control=bool(d.get("control", False)),
         )
         for d in entries
     )

@@ -135,8 +135,17 @@ class DepthMarker(_Model):
 
 
 class BurstRequest(_Model):
-    request: int = Field(description="0: the solo request; 1..N: the burst's members.")
-    size: int = Field(description="Requests sent at once with it (1: the solo request).")
+    request: int = Field(
+        description="0: the solo request; 1..N: the burst's members (a control carries the "
+        "number of the member it re-asks)."
+    )
+    size: int = Field(
+        description="Requests sent at once with it (1: the solo request or a control)."
+    )
+    control: bool = Field(
+        description="A member that answered wrong, its same prompt sent again alone: right "
+        "alone makes the burst burst_wrong, wrong alone too canary_ineffective."
+    )
     marker: str = Field(description="The request's own marker, as issued.")
     expected: str = Field(description="The task's answer: the word it was asked to give back.")
     answered: str | None = Field(
@@ -533,6 +542,7 @@ def _burst_request(b: BurstEvidence, settings: WebSettings) -> BurstRequest:
     return BurstRequest(
         request=b.index,
         size=b.size,
+        control=b.control,
         marker=b.marker,
         expected=b.expected,
         answered=b.answered,

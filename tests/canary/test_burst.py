@@ -9,17 +9,26 @@ import pytest
 
 from kvwatch.canary import markers
 from kvwatch.canary.burst import (
+    MAX_CONTROLS,
     MAX_SIZE,
     WORDS,
     BurstTask,
     Sent,
+    control_of,
     draw_tasks,
     filler_pieces,
     judge_burst,
+    needs_controls,
     read_word,
     size_for,
 )
-from kvwatch.canary.model import BurstOutcome, Exchange, ForeignMarker, TransportError, Verdict
+from kvwatch.canary.model import (
+    BurstOutcome,
+    Exchange,
+    ForeignMarker,
+    TransportError,
+    Verdict,
+)
 from kvwatch.canary.scan import scan_answer
 
 ISSUED = datetime(2026, 1, 1, tzinfo=UTC)
@@ -88,28 +97,148 @@ def test_a_leak_of_the_solo_requests_marker_into_the_burst_is_a_burst_leak():
     assert judge_burst(_sent(tasks, answers)).verdict is Verdict.BURST_LEAK
 
 
-def test_a_wrong_answer_under_load_with_the_solo_right_is_burst_wrong():
-    """Marker kept, word another request's, on one member: burst_wrong with what it said."""
+def _with_controls(
+    tasks: tuple[BurstTask, ...], answers: list[str | None], alone: dict[int, str | None]
+) -> list[Sent]:
+    """The cycle's requests, then each member of ``alone`` sent again alone with that answer."""
+    sent = _sent(tasks, answers)
+    own = [t.marker for t in tasks]
+    for index, answer in alone.items():
+        ex = Exchange(status=200, answer=answer, body_parsed=answer is not None)
+        sent.append(Sent(control_of(tasks[index]), ex, scan_answer(answer, own)))
+    return sent
+
+
+def test_a_member_wrong_in_the_burst_and_right_alone_is_burst_wrong():
+    """Marker kept, word another request's, on one member; right when sent again alone:
+    burst_wrong, with what it said."""
     tasks = _tasks()
     answers = [_ok(t) for t in tasks]
     answers[3] = f"{tasks[3].marker} {tasks[1].word}"
-    judgement = judge_burst(_sent(tasks, answers))
+    judgement = judge_burst(_with_controls(tasks, answers, {3: _ok(tasks[3])}))
     assert judgement.verdict is Verdict.BURST_WRONG
-    assert judgement.burst[3].outcome is BurstOutcome.WRONG
+    assert [(r.index, r.outcome, r.control) for r in judgement.burst[3:]] == [
+        (3, BurstOutcome.WRONG, False),
+        (3, BurstOutcome.RIGHT, True),
+    ]
+    assert judgement.burst[4].size == 1
     assert judgement.reason == (
         f"1 of 3 concurrent requests answered wrong while the solo request was right: "
-        f'request 3 answered "{tasks[1].word}" where its animal is "{tasks[3].word}"'
+        f'request 3 answered "{tasks[1].word}" where its animal is "{tasks[3].word}", and '
+        "answered right when sent again alone"
     )
 
 
-def test_a_member_that_loses_its_marker_is_burst_wrong():
+def test_a_member_that_loses_its_marker_and_gets_it_back_alone_is_burst_wrong():
     """The right word without the marker is still a wrong answer."""
     tasks = _tasks()
     answers = [_ok(t) for t in tasks]
     answers[1] = f"The animal is the {tasks[1].word}."
-    judgement = judge_burst(_sent(tasks, answers))
+    judgement = judge_burst(_with_controls(tasks, answers, {1: _ok(tasks[1])}))
     assert judgement.verdict is Verdict.BURST_WRONG
-    assert "did not give back its marker" in judgement.reason
+    assert "request 1 did not give back its marker, and answered right" in judgement.reason
+
+
+def test_a_member_wrong_alone_too_is_the_models_failure_not_the_batchs():
+    """Gemma 3 270M dropped a character of one marker, in the burst and alone alike: the
+    model cannot do that prompt, so canary_ineffective, never burst_wrong."""
+    tasks = _tasks()
+    answers = [_ok(t) for t in tasks]
+    dropped = f"{tasks[2].marker[:-1]} {tasks[2].word}"
+    answers[2] = dropped
+    judgement = judge_burst(_with_controls(tasks, answers, {2: dropped}))
+    assert judgement.verdict is Verdict.CANARY_INEFFECTIVE
+    assert judgement.reason == (
+        "1 of 3 concurrent requests answered wrong while the solo request was right, but it "
+        "sent again alone answered wrong too (request 2 did not give back its marker): the "
+        "model cannot do the task on those prompts, whatever the batch"
+    )
+
+
+def test_one_member_right_alone_among_others_wrong_alone_is_burst_wrong():
+    """A batch that breaks requests shows in any one the model answers right alone."""
+    tasks = _tasks(size=5)
+    answers = [_ok(tasks[0]), "no idea", "no idea", _ok(tasks[3]), _ok(tasks[4]), "no idea"]
+    sent = _with_controls(tasks, answers, {1: "no idea", 2: _ok(tasks[2]), 5: "no idea"})
+    judgement = judge_burst(sent)
+    assert judgement.verdict is Verdict.BURST_WRONG
+    assert judgement.reason.startswith("3 of 5 concurrent requests answered wrong")
+    assert "request 2 did not give back its marker, and answered right" in judgement.reason
+
+
+def test_more_wrong_members_than_controls_is_burst_wrong_without_them():
+    """Four of five wrong at once is a batch fault as it stands: no controls are asked for
+    (the engine may serve them from pages the batch broke)."""
+    tasks = _tasks(size=5)
+    answers = [_ok(tasks[0]), *["no idea"] * (MAX_CONTROLS + 1), _ok(tasks[5])]
+    judgement = judge_burst(_sent(tasks, answers))
+    assert needs_controls(judgement.burst) == ()
+    assert judgement.verdict is Verdict.BURST_WRONG
+    assert judgement.reason == (
+        "4 of 5 concurrent requests answered wrong while the solo request was right: request "
+        "1 did not give back its marker (more at once than a model that fails a prompt now "
+        "and then)"
+    )
+
+
+def test_a_wrong_member_with_no_control_cannot_be_pinned_on_the_batch():
+    """No control sent (the judge before the controls go out): not burst_wrong."""
+    tasks = _tasks()
+    answers = [_ok(t) for t in tasks]
+    answers[1] = "no idea"
+    judgement = judge_burst(_sent(tasks, answers))
+    assert judgement.verdict is Verdict.CANARY_INEFFECTIVE
+    assert "was not sent again alone" in judgement.reason
+
+
+def test_a_control_holding_another_requests_marker_is_a_burst_leak():
+    """Sent again alone and answered with member 2's marker: a leak, named as the control."""
+    tasks = _tasks()
+    answers = [_ok(t) for t in tasks]
+    answers[1] = "no idea"
+    judgement = judge_burst(_with_controls(tasks, answers, {1: _ok(tasks[2])}))
+    assert judgement.verdict is Verdict.BURST_LEAK
+    assert "request 1 sent again alone was answered with the marker of request 2" in (
+        judgement.reason
+    )
+
+
+def test_a_failed_control_is_an_error_naming_it():
+    """A control that got no answer leaves the cycle unjudged: error, never a pass."""
+    tasks = _tasks()
+    answers = [_ok(t) for t in tasks]
+    answers[3] = "no idea"
+    sent = _sent(tasks, answers)
+    timeout = Exchange(transport_error=TransportError.TIMEOUT, error_detail="slow")
+    sent.append(Sent(control_of(tasks[3]), timeout, scan_answer(None, [])))
+    judgement = judge_burst(sent)
+    assert judgement.verdict is Verdict.ERROR
+    assert (
+        judgement.reason == "request 3 sent again alone failed: transport failure (timeout): slow"
+    )
+
+
+def test_controls_are_asked_for_wrong_members_only_after_a_right_solo():
+    """Each wrong member, up to MAX_CONTROLS; none when the solo failed or anything leaked."""
+    tasks = _tasks(size=MAX_CONTROLS + 2)
+    answers = [_ok(t) for t in tasks]
+    for i in range(2, MAX_CONTROLS + 2):
+        answers[i] = "no idea"
+    assert needs_controls(judge_burst(_sent(tasks, answers)).burst) == tuple(
+        range(2, MAX_CONTROLS + 2)
+    )
+    solo_wrong = ["no idea", *answers[1:]]
+    assert needs_controls(judge_burst(_sent(tasks, solo_wrong)).burst) == ()
+    leaked = [*answers[:-1], _ok(tasks[1])]
+    assert needs_controls(judge_burst(_sent(tasks, leaked)).burst) == ()
+    right = [_ok(t) for t in tasks]
+    assert needs_controls(judge_burst(_sent(tasks, right)).burst) == ()
+
+
+def test_a_control_is_its_member_sent_alone():
+    """Same marker and word, size 1, marked as a control."""
+    task = _tasks()[2]
+    assert control_of(task) == BurstTask(2, 1, task.marker, task.word, control=True)
 
 
 def test_a_wrong_solo_request_says_the_canary_is_ineffective():

@@ -31,7 +31,13 @@ FLEET = [
     SimEndpoint("weak", window=4096, fault=FaultMode.NO_RECALL),
     SimEndpoint("busy", window=4096, fault=FaultMode.THROTTLED),
     SimEndpoint("broken", window=4096, fault=FaultMode.SERVER_ERROR),
+    # Mixes every batch of two or more: a burst of three is within the controls' reach.
+    SimEndpoint("mixes-all", window=4096, fault=MIX, batch_mix_at=2, batch_mix_how="mix"),
+    # A healthy engine whose small model miscopies the marker of one prompt in four.
+    SimEndpoint("unsteady", window=4096, miscopy_every=4),
 ]
+# Bursts of three only: never more wrong members than controls (MAX_CONTROLS).
+SIZES = {"unsteady": [3]}
 
 
 @pytest.fixture
@@ -39,7 +45,10 @@ async def rig(store: Store) -> AsyncIterator[tuple]:
     async with run_simulator(FLEET) as sim, httpx.AsyncClient(timeout=None) as client:
         entries = [
             sim_endpoint_entry(
-                sim, ep.name, probes=["burst"], burst={"sizes": [5, 3], "prompt_tokens": 128}
+                sim,
+                ep.name,
+                probes=["burst"],
+                burst={"sizes": SIZES.get(ep.name, [5, 3]), "prompt_tokens": 128},
             )
             for ep in FLEET
         ]
@@ -107,6 +116,52 @@ async def test_a_mixing_batch_keeps_markers_but_gives_wrong_answers(rig):
     assert all(m.marker_found and m.siblings == () for m in members)
     assert all(m.answered is not None and m.answered != m.expected for m in members)
     assert "5 of 5 concurrent requests answered wrong" in report.reason
+
+
+async def test_wrong_members_right_alone_are_burst_wrong_with_their_controls_stored(rig):
+    """A burst of three, all mixed: each wrong member is sent again alone (one request in
+    flight), answers right, and is stored after the burst as its control."""
+    sim, targets, runner, store = rig
+    await runner.run(targets["mixes-all"], BURST)  # the size-5 turn: wrong beyond controls
+    report = await runner.run(targets["mixes-all"], BURST)
+    assert report.verdict is Verdict.BURST_WRONG, report.reason
+    assert report.reason.endswith("and answered right when sent again alone")
+    row = get_probe(store, report.probe_id)
+    assert row is not None
+    assert [(r.index, r.size, r.control) for r in row.burst] == [
+        (0, 1, False),
+        (1, 3, False),
+        (2, 3, False),
+        (3, 3, False),
+        (1, 1, True),
+        (2, 1, True),
+        (3, 1, True),
+    ]
+    assert [r.outcome for r in row.burst[1:4]] == [BurstOutcome.WRONG] * 3
+    assert [r.outcome for r in row.burst[4:]] == [BurstOutcome.RIGHT] * 3
+    # Two turns: 6 + 4 requests, then the three controls.
+    assert sim.simulation["mixes-all"].stats.requests == 13
+
+
+async def test_a_small_model_that_miscopies_some_prompts_never_gets_burst_wrong(rig):
+    """A member whose prompt the model miscopies alone too is the model's failure: cycles
+    give pass or canary_ineffective, and the first one with a wrong member stores its control
+    wrong as well."""
+    _sim, targets, runner, store = rig
+    seen: list[Verdict] = []
+    for _ in range(60):
+        report = await runner.run(targets["unsteady"], BURST)
+        seen.append(report.verdict)
+        row = get_probe(store, report.probe_id)
+        assert row is not None
+        if any(r.control for r in row.burst):
+            break
+    assert set(seen) <= {Verdict.PASS, Verdict.CANARY_INEFFECTIVE}, seen
+    controls = [r for r in row.burst if r.control]
+    assert controls, "no cycle in 60 had a wrong member (one prompt in four should miscopy)"
+    assert report.verdict is Verdict.CANARY_INEFFECTIVE
+    assert all(c.outcome is BurstOutcome.WRONG and not c.marker_found for c in controls)
+    assert "sent again alone answered wrong too" in report.reason
 
 
 async def test_every_marker_of_a_burst_names_its_probe_when_it_leaks(rig):

@@ -38,7 +38,9 @@ def slotted_server_url(
 async def test_a_healthy_burst_passes_on_llama_server(
     slotted_server_url: str, sqlite_store: Store
 ) -> None:
-    """Solo then three at once: every answer holds its own marker and its own word."""
+    """Solo then three at once: every answer holds its own marker and its own word, or a
+    member the model gets wrong is wrong alone too (Gemma 3 270M miscopies about one prompt
+    in a hundred, docs/llamacpp-facts.md): never burst_wrong."""
     entry = llamacpp_entry(
         slotted_server_url, probes=["burst"], burst={"sizes": [SLOTS - 1], "prompt_tokens": 128}
     )
@@ -46,9 +48,16 @@ async def test_a_healthy_burst_passes_on_llama_server(
         report = await rig.runner.run(rig.targets["llama"], ProbeKind.BURST)
     row = get_probe(sqlite_store, report.probe_id)
     assert row is not None
-    assert report.verdict is Verdict.PASS, (report.reason, [r.answer for r in row.burst])
-    assert [r.size for r in row.burst] == [1, 3, 3, 3]
-    assert all(r.outcome is BurstOutcome.RIGHT for r in row.burst)
+    answers = [(r.control, r.outcome.value, r.answer) for r in row.burst]
+    assert report.verdict in (Verdict.PASS, Verdict.CANARY_INEFFECTIVE), (report.reason, answers)
+    solo, *members = [r for r in row.burst if not r.control]
+    assert solo.outcome is BurstOutcome.RIGHT, answers
+    assert [r.size for r in members] == [SLOTS - 1] * (SLOTS - 1)
+    wrong = {r.index for r in members if r.outcome is not BurstOutcome.RIGHT}
+    controls = {r.index: r.outcome for r in row.burst if r.control}
+    # A member wrong in the batch was sent again alone, and was wrong there too.
+    assert controls == dict.fromkeys(wrong, BurstOutcome.WRONG), answers
+    assert (report.verdict is Verdict.PASS) == (not wrong)
     # Each request is about prompt_tokens of the engine's own count.
     assert all(100 <= (r.prompt_tokens or 0) <= 200 for r in row.burst)
 

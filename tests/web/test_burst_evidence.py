@@ -82,6 +82,71 @@ def test_the_probe_page_shows_a_row_per_request(store: Store, client: TestClient
     assert "holds the marker of request 2" in page
 
 
+def test_a_control_is_listed_after_the_burst_as_its_member_again_alone(
+    store: Store, client: TestClient
+) -> None:
+    """A wrong member's control: the API says control, the page says "again alone"."""
+    endpoint_id = store.upsert_endpoint(
+        "gemma", "http://10.0.0.9:8080/v1", "llamacpp", "gemma", 2048, None, {}
+    )
+    new = NewProbe(
+        endpoint="gemma",
+        endpoint_id=endpoint_id,
+        kind="burst",
+        started_at=T0,
+        replica="kvwatch-0",
+        model="gemma",
+        planned_prompt_tokens=384,
+        target_prompt_tokens=384,
+        max_tokens=48,
+        token_source="words",
+        tokenize_calls=0,
+        marker=SOLO,
+        marker_depth=0.0,
+        streamed=False,
+        burst_markers=(FIRST, SECOND),
+    )
+    probe_id = store.begin_probe(new)
+    miscopied = "KVW-F1F1-F1F1-F1F fox"
+    requests = (
+        BurstRequest(0, 1, SOLO, "owl", BurstOutcome.RIGHT, 200, True, "owl", answer="s owl"),
+        BurstRequest(1, 2, FIRST, "fox", BurstOutcome.WRONG, 200, False, "fox", answer=miscopied),
+        BurstRequest(2, 2, SECOND, "yak", BurstOutcome.RIGHT, 200, True, "yak", answer="y yak"),
+        BurstRequest(
+            1,
+            1,
+            FIRST,
+            "fox",
+            BurstOutcome.WRONG,
+            200,
+            False,
+            "fox",
+            answer=miscopied,
+            control=True,
+        ),
+    )
+    outcome = ProbeOutcome(
+        verdict="canary_ineffective",
+        reason="1 of 2 concurrent requests answered wrong ...",
+        finished_at=T0 + timedelta(seconds=2),
+        http_status=200,
+        marker_found=False,
+        burst=requests,
+    )
+    store.finish_probe(probe_id, outcome)
+    body = client.get(f"/api/v1/probes/{probe_id}").json()
+    assert [(b["request"], b["size"], b["control"]) for b in body["burst"]] == [
+        (0, 1, False),
+        (1, 2, False),
+        (2, 2, False),
+        (1, 1, True),
+    ]
+    page = client.get(f"/probes/{probe_id}").text
+    assert '<tr data-outcome="wrong"><td>1 <span class="sub">again alone</span></td><td>1</td>' in (
+        page
+    )
+
+
 def test_answers_are_withheld_when_excerpts_are_off(store: Store, make_app: AppFactory) -> None:
     """web.answer_excerpts off: no request's answer is shown, the rest of the evidence is."""
     probe_id = _burst_probe(store)

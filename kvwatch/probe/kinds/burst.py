@@ -24,10 +24,12 @@ from kvwatch.canary.burst import (
     FIXED_TOKENS,
     BurstTask,
     Sent,
+    control_of,
     draw_tasks,
     filler_pieces,
     fits,
     judge_burst,
+    needs_controls,
     size_for,
 )
 from kvwatch.canary.model import (
@@ -37,6 +39,7 @@ from kvwatch.canary.model import (
     Message,
     PlannedPrompt,
     ProbeKind,
+    TransportError,
     Verdict,
 )
 from kvwatch.canary.scan import scan_answer
@@ -139,15 +142,17 @@ def _turn(job: ProbeJob) -> int:
 async def _cycle(
     job: ProbeJob, io: Probing, tasks: tuple[BurstTask, ...], prompts: list[tuple[Message, ...]]
 ) -> tuple[Exchange, Judgement]:
-    """Send the solo request, then the rest at once; judge them together."""
+    """Send the solo request, then the rest at once, then each wrong member again alone;
+    judge them together."""
     spec = job.target.spec
     engine = job.target.engine_for(job.tenant)
-    # Two rounds share the kind's timeout: the solo request, then the burst.
-    timeout = spec.timeouts[ProbeKind.BURST] / 2
+    # The solo request and the burst each get half the kind's timeout; controls (a wrong
+    # member's prompt again alone, one at a time) share what the two rounds left of it, so
+    # a cycle stays within its timeout and its slot claim.
+    budget = spec.timeouts[ProbeKind.BURST]
     t0 = time.perf_counter()
-    solo = await _send(engine, prompts[0], spec.stream, timeout)
-    rest = await asyncio.gather(*(_send(engine, p, spec.stream, timeout) for p in prompts[1:]))
-    wall = time.perf_counter() - t0
+    solo = await _send(engine, prompts[0], spec.stream, budget / 2)
+    rest = await asyncio.gather(*(_send(engine, p, spec.stream, budget / 2) for p in prompts[1:]))
     own = [t.marker for t in tasks]
     sent = [
         Sent(task, ex, await with_foreign(scan_answer(ex.answer, own), io))
@@ -155,7 +160,24 @@ async def _cycle(
     ]
     tenant = None if job.tenant is None else job.tenant.name
     judgement = judge_burst(sent, tenant=tenant)
-    return _evidence(sent, judgement, wall), judgement
+    for index in needs_controls(judgement.burst):
+        left = budget - (time.perf_counter() - t0)
+        ex = (
+            await _send(engine, prompts[index], spec.stream, left) if left > 0 else _no_time(budget)
+        )
+        scan = await with_foreign(scan_answer(ex.answer, own), io)
+        sent.append(Sent(control_of(tasks[index]), ex, scan))
+    if len(sent) > len(tasks):
+        judgement = judge_burst(sent, tenant=tenant)
+    return _evidence(sent, judgement, time.perf_counter() - t0), judgement
+
+
+def _no_time(budget: float) -> Exchange:
+    """A control the cycle had no time left for: a timeout, as if sent."""
+    return Exchange(
+        transport_error=TransportError.TIMEOUT,
+        error_detail=f"no time left of the burst's {budget:g} s timeout",
+    )
 
 
 async def _send(
