@@ -617,7 +617,12 @@ def _burst_lines(requests: Any) -> list[str]:
     """A burst probe's requests, one line each: whose marker, right or not, and why."""
     lines = []
     for b in requests:
-        who = "solo" if b.request == 0 else f"{b.request} of {b.size}"
+        if b.request == 0:
+            who = "solo"
+        elif b.control:
+            who = f"{b.request} alone"  # a wrong member's control
+        else:
+            who = f"{b.request} of {b.size}"
         held = f", holds the marker of request {', '.join(map(str, b.siblings))}"
         lines.append(
             f"  request {who:<8} {b.marker} {b.outcome.upper()}: animal {b.expected}, "

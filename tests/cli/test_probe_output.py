@@ -60,3 +60,37 @@ def test_the_gate_judges_a_re_planned_sizing_miss_by_its_re_plan() -> None:
     assert not gate_passes([miss, baseline])
     assert not gate_passes([miss, report(None, Verdict.OVER_ACCEPTED, kind=ProbeKind.OVER)])
     assert not gate_passes([])
+
+
+def test_kvwatch_show_lists_a_control_as_its_member_alone() -> None:
+    """A burst's control prints as "N alone" after the burst's members, not as a member."""
+    from kvwatch.cli import _burst_lines
+    from kvwatch.web.schemas import BurstRequest
+
+    def request(index: int, size: int, outcome: str, *, control: bool = False) -> BurstRequest:
+        return BurstRequest(
+            request=index,
+            size=size,
+            control=control,
+            marker="KVW-AAAA-BBBB-CCCC",
+            expected="fox",
+            answered="fox",
+            marker_found=outcome == "right",
+            outcome=outcome,
+            siblings=[],
+            foreign_probe_ids=[],
+            status=200,
+            prompt_tokens=128,
+            completion_tokens=20,
+            detail=None,
+            answer=None,
+        )
+
+    lines = _burst_lines(
+        [request(0, 1, "right"), request(1, 3, "wrong"), request(1, 1, "wrong", control=True)]
+    )
+    assert [line.split()[1:3] for line in lines] == [
+        ["solo", "KVW-AAAA-BBBB-CCCC"],
+        ["1", "of"],
+        ["1", "alone"],
+    ]
