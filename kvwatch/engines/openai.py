@@ -577,27 +577,32 @@ class OpenAIEngine:
     async def _post_json(
         self, path: str, body: dict[str, Any], *, base: str | None = None
     ) -> tuple[int, Any]:
-        """POST to the engine root (or ``base``); returns (status, parsed JSON or None).
-        Transport failures raise :class:`EngineCallError`."""
-        url = f"{self.root_url if base is None else base}{path}"
-        limit = max(self.body_limit_bytes, TOKENIZE_BODY_LIMIT)
-        status, payload = await self._call("POST", url, body, limit)
-        if status in (401, 403):
-            # Not "no tokenize endpoint": the key is wrong, and that is what to report.
-            raise EngineAuthError(f"POST {url}: HTTP {status}, credentials refused")
-        return status, payload
+        """POST to the engine root (or ``base``); returns (status, parsed JSON or None), as
+        :meth:`_post_raw`."""
+        status, raw = await self._post_raw(path, body, base=base)
+        return status, _json_or_none(raw)
 
     async def _post_tokenize(self, path: str, body: dict[str, Any]) -> tuple[int, Any, int | None]:
         """POST a tokenize request: (status, the reply's JSON with its ``"tokens"`` ids left
-        out, how many integer ids there were or None), as :meth:`_post_json`, but without
+        out, how many integer ids there were or None), as :meth:`_post_raw`, without
         building a Python int per token (kvwatch/engines/tokenids.py)."""
-        url = f"{self.root_url}{path}"
+        status, raw = await self._post_raw(path, body)
+        payload, ids = parse_tokenize_reply(raw)
+        return status, payload, ids
+
+    async def _post_raw(
+        self, path: str, body: dict[str, Any], *, base: str | None = None
+    ) -> tuple[int, bytes]:
+        """POST to the engine root (or ``base``) with a tokenize reply's body limit; returns
+        (status, body). 401/403 raise :class:`EngineAuthError`, transport failures
+        :class:`EngineCallError`."""
+        url = f"{self.root_url if base is None else base}{path}"
         limit = max(self.body_limit_bytes, TOKENIZE_BODY_LIMIT)
         status, raw = await self._call_raw("POST", url, body, limit)
         if status in (401, 403):
+            # Not "no tokenize endpoint": the key is wrong, and that is what to report.
             raise EngineAuthError(f"POST {url}: HTTP {status}, credentials refused")
-        payload, ids = parse_tokenize_reply(raw)
-        return status, payload, ids
+        return status, raw
 
     async def _discovery_call(
         self, method: str, url: str, body: dict[str, Any] | None = None
@@ -608,21 +613,13 @@ class OpenAIEngine:
         status, raw = await self._call_raw(method, url, body, self.body_limit_bytes)
         if status in (401, 403):
             raise EngineAuthError(f"{method} {url}: HTTP {status}, credentials refused")
-        try:
-            payload = json.loads(raw) if raw else None
-        except ValueError:
-            payload = None
-        return status, payload, raw
+        return status, _json_or_none(raw), raw
 
     async def _call(
         self, method: str, url: str, body: dict[str, Any] | None, limit: int
     ) -> tuple[int, Any]:
         status, raw = await self._call_raw(method, url, body, limit)
-        try:
-            payload = json.loads(raw) if raw else None
-        except ValueError:
-            payload = None
-        return status, payload
+        return status, _json_or_none(raw)
 
     async def _call_raw(
         self, method: str, url: str, body: dict[str, Any] | None, limit: int
@@ -788,3 +785,11 @@ class OpenAIEngine:
             # (vllm/entrypoints/openai/protocol.py ModelCard).
             identity=identity_of(model_root=card.get("root")),
         )
+
+
+def _json_or_none(raw: bytes) -> Any:
+    """A body's JSON, or None when it is empty or not JSON (the caller says what it lacked)."""
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
