@@ -18,7 +18,12 @@ FIRST = "KVW-F1F1-F1F1-F1F1"
 SECOND = "KVW-5EC0-5EC0-5EC0"
 
 
-def _burst_probe(store: Store) -> int:
+def _burst_probe(
+    store: Store,
+    requests: tuple[BurstRequest, ...] | None = None,
+    verdict: str = "burst_leak",
+) -> int:
+    """A finished burst probe with ``requests`` (by default a leak between two members)."""
     endpoint_id = store.upsert_endpoint(
         "trt", "http://10.0.0.9:8000/trt/v1", "openai", "llama", 8192, None, {}
     )
@@ -40,7 +45,7 @@ def _burst_probe(store: Store) -> int:
         burst_markers=(FIRST, SECOND),
     )
     probe_id = store.begin_probe(new)
-    requests = (
+    requests = requests or (
         BurstRequest(0, 1, SOLO, "owl", BurstOutcome.RIGHT, 200, True, "owl", answer=f"{SOLO} owl"),
         BurstRequest(
             1, 2, FIRST, "fox", BurstOutcome.LEAK, 200, False, "yak", siblings=(2,), answer="x yak"
@@ -48,8 +53,8 @@ def _burst_probe(store: Store) -> int:
         BurstRequest(2, 2, SECOND, "yak", BurstOutcome.RIGHT, 200, True, "yak", answer="y yak"),
     )
     outcome = ProbeOutcome(
-        verdict="burst_leak",
-        reason="1 of 3 requests held another request's marker",
+        verdict=verdict,
+        reason=f"a {verdict} burst",
         finished_at=T0 + timedelta(seconds=2),
         http_status=200,
         marker_found=False,
@@ -86,27 +91,6 @@ def test_a_control_is_listed_after_the_burst_as_its_member_again_alone(
     store: Store, client: TestClient
 ) -> None:
     """A wrong member's control: the API says control, the page says "again alone"."""
-    endpoint_id = store.upsert_endpoint(
-        "gemma", "http://10.0.0.9:8080/v1", "llamacpp", "gemma", 2048, None, {}
-    )
-    new = NewProbe(
-        endpoint="gemma",
-        endpoint_id=endpoint_id,
-        kind="burst",
-        started_at=T0,
-        replica="kvwatch-0",
-        model="gemma",
-        planned_prompt_tokens=384,
-        target_prompt_tokens=384,
-        max_tokens=48,
-        token_source="words",
-        tokenize_calls=0,
-        marker=SOLO,
-        marker_depth=0.0,
-        streamed=False,
-        burst_markers=(FIRST, SECOND),
-    )
-    probe_id = store.begin_probe(new)
     miscopied = "KVW-F1F1-F1F1-F1F fox"
     requests = (
         BurstRequest(0, 1, SOLO, "owl", BurstOutcome.RIGHT, 200, True, "owl", answer="s owl"),
@@ -125,15 +109,7 @@ def test_a_control_is_listed_after_the_burst_as_its_member_again_alone(
             control=True,
         ),
     )
-    outcome = ProbeOutcome(
-        verdict="canary_ineffective",
-        reason="1 of 2 concurrent requests answered wrong ...",
-        finished_at=T0 + timedelta(seconds=2),
-        http_status=200,
-        marker_found=False,
-        burst=requests,
-    )
-    store.finish_probe(probe_id, outcome)
+    probe_id = _burst_probe(store, requests, "canary_ineffective")
     body = client.get(f"/api/v1/probes/{probe_id}").json()
     assert [(b["request"], b["size"], b["control"]) for b in body["burst"]] == [
         (0, 1, False),
