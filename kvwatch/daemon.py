@@ -519,6 +519,7 @@ class Daemon:
             alive=lambda: scheduler.running,
             settings=web_settings(self.config),
             reload=self.reload,
+            budget=built.metrics.budget_of,
         )
         return embedded_server(create_app(context), host, port)
 

@@ -137,6 +137,10 @@ class ProbeMetrics:
             ("endpoint", "type"),
             registry=registry,
         )
+        # The same figures by endpoint, for the web UI: reading a gauge back through
+        # registry.get_sample_value collects every series (tens of thousands on a large
+        # fleet) under the GIL. One entry per configured endpoint; forget_endpoint drops it.
+        self._budgets: dict[str, tuple[int, int | None]] = {}
         self.interrupted = Counter(
             "kvwatch_probes_interrupted",
             "Probes marked interrupted (shutdown, crash recovery).",
@@ -161,7 +165,9 @@ class ProbeMetrics:
         for budget_type in BUDGET_TYPES:
             with contextlib.suppress(KeyError):
                 self.budget_tokens.remove(endpoint, budget_type)
+        self._budgets.pop(endpoint, None)
         if budget is not None:
+            self._budgets[endpoint] = budget
             self.budget_tokens.labels(endpoint, "budget").set(budget[0])
             if budget[1] is not None:
                 self.budget_tokens.labels(endpoint, "planned").set(budget[1])
@@ -171,6 +177,7 @@ class ProbeMetrics:
         and every child and cache kept for it, so a fleet that churns does not grow."""
         self.forget_info(endpoint, model, flavour)
         self.forget_kinds(endpoint, kinds)
+        self._budgets.pop(endpoint, None)
         for budget_type in BUDGET_TYPES:
             with contextlib.suppress(KeyError):
                 self.budget_tokens.remove(endpoint, budget_type)
@@ -236,7 +243,13 @@ class ProbeMetrics:
             "metric_series_cache": len(self._series),
             "metric_token_cache": len(self._tokens),
             "metric_leak_pairs": len(self._leak_pairs),
+            "metric_budgets": len(self._budgets),
         }
+
+    def budget_of(self, endpoint: str) -> tuple[int, int | None] | None:
+        """The endpoint's canary tokens a day and what its schedule plans, as last
+        registered; None without a budget."""
+        return self._budgets.get(endpoint)
 
     def observe_cross_tenant_leak(
         self, *, endpoint: str, kind: str, source_tenant: str, tenant: str, at: datetime

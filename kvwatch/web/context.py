@@ -27,3 +27,7 @@ class WebContext:
     now: Callable[[], datetime] = utcnow
     # POST /-/reload: re-read the configuration (the daemon's; None where there is none).
     reload: Callable[[], Awaitable[tuple[bool, str]]] | None = None
+    # An endpoint's canary tokens a day and what its schedule plans (the daemon's
+    # ProbeMetrics.budget_of; None without a budget). Not read back from the registry's
+    # gauge: that collects every series of every endpoint for one value.
+    budget: Callable[[str], tuple[int, int | None] | None] = lambda _name: None

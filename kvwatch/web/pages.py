@@ -196,20 +196,15 @@ def _endpoint_pages(
 def _budget(
     ctx: WebContext, name: str, queries: HistoryQueries, until: datetime
 ) -> dict[str, int | None] | None:
-    """The endpoint's token budget, what its schedule plans (both from the daemon's gauges)
-    and what its canaries spent in the last 24 h; None without a budget."""
-    budget = ctx.registry.get_sample_value(
-        "kvwatch_canary_budget_tokens", {"endpoint": name, "type": "budget"}
-    )
+    """The endpoint's token budget, what its schedule plans (both as the daemon registered
+    them) and what its canaries spent in the last 24 h; None without a budget."""
+    budget = ctx.budget(name)
     if budget is None:
         return None
-    planned = ctx.registry.get_sample_value(
-        "kvwatch_canary_budget_tokens", {"endpoint": name, "type": "planned"}
-    )
     day = queries.summary(name, until - timedelta(days=1), until)
     return {
-        "budget": int(budget),
-        "planned": None if planned is None else int(planned),
+        "budget": budget[0],
+        "planned": budget[1],
         "spent": day.prompt_tokens + day.completion_tokens,
     }
 

@@ -126,7 +126,9 @@ def test_a_removed_endpoint_leaves_no_series_behind() -> None:
     registry = CollectorRegistry()
     metrics = ProbeMetrics(registry)
     for endpoint in ("ol", "kept"):
-        metrics.register_endpoint(endpoint, "m", "vllm", {"over": 60.0, "under": 60.0})
+        metrics.register_endpoint(
+            endpoint, "m", "vllm", {"over": 60.0, "under": 60.0}, budget=(1000, 800)
+        )
         for kind in ("over", "under"):
             for verdict in (Verdict.PASS, Verdict.MARKER_MISSING):
                 metrics.observe(
@@ -155,7 +157,9 @@ def test_a_removed_endpoint_leaves_no_series_behind() -> None:
         "kvwatch_canary_tokens_total",
         "kvwatch_endpoint_info",
         "kvwatch_cross_tenant_leak_timestamp_seconds",
+        "kvwatch_canary_budget_tokens",
     }
+    assert metrics.budget_of("ol") is None and metrics.budget_of("kept") == (1000, 800)
     halved = {name: size // 2 for name, size in with_both.items()}
     assert metrics.sizes() == halved
 
@@ -197,3 +201,23 @@ def test_forgetting_the_burst_kind_drops_its_series_of_every_burst_verdict() -> 
     metrics.forget_kinds("b", ["burst"])
     probes = {labels.get("probe") for _, labels in _every_sample(registry) if labels.get("probe")}
     assert probes == {"under"}
+
+
+def test_an_endpoints_budget_is_read_as_last_registered_and_agrees_with_its_gauge() -> None:
+    """budget_of gives what the gauge exports: replaced by a reload, gone with the budget."""
+    registry = CollectorRegistry()
+    metrics = ProbeMetrics(registry)
+
+    def gauge(kind: str) -> float | None:
+        labels = {"endpoint": "ol", "type": kind}
+        return registry.get_sample_value("kvwatch_canary_budget_tokens", labels)
+
+    metrics.register_endpoint("ol", "m", "vllm", {"under": 60.0}, budget=(5000, 4200))
+    assert metrics.budget_of("ol") == (5000, 4200) and (gauge("budget"), gauge("planned")) == (
+        5000.0,
+        4200.0,
+    )
+    metrics.register_endpoint("ol", "m", "vllm", {"under": 60.0}, budget=(6000, None))
+    assert metrics.budget_of("ol") == (6000, None) and gauge("planned") is None
+    metrics.register_endpoint("ol", "m", "vllm", {"under": 60.0})
+    assert metrics.budget_of("ol") is None and gauge("budget") is None

@@ -16,13 +16,16 @@ BEFORE = {"model": "glm", "version": "0.11.0", "process_start": "100"}
 AFTER = {"model": "glm", "version": "0.12.0", "process_start": "200"}
 
 
-def _app(store: Store, registry: CollectorRegistry) -> TestClient:
+def _app(
+    store: Store, registry: CollectorRegistry, metrics: ProbeMetrics | None = None
+) -> TestClient:
     ctx = WebContext(
         store=store,
         registry=registry,
         alive=lambda: True,
         settings=WebSettings(),
         now=lambda: NOW,
+        budget=metrics.budget_of if metrics else lambda _name: None,
     )
     return TestClient(create_app(ctx))
 
@@ -56,7 +59,7 @@ def test_the_endpoint_page_shows_the_change_timeline_and_the_budget(
     metrics.register_endpoint(
         "alpha", "glm", "vllm", {"under": 3600.0}, budget=(5_000_000, 4_200_000)
     )
-    with _app(store, registry) as client:
+    with _app(store, registry, metrics) as client:
         page = client.get("/endpoints/alpha").text
     assert f'data-change="{change.id}"' in page
     assert "<code>version</code> 0.11.0 → 0.12.0" in page
