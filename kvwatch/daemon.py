@@ -39,6 +39,7 @@ from kvwatch.engines.base import Engine
 from kvwatch.engines.clients import EndpointClients
 from kvwatch.engines.factory import build_engine
 from kvwatch.engines.tracing import TraceFormat, TraceSettings, instrument
+from kvwatch.httpcycles import event_hooks
 from kvwatch.metrics import (
     ConfigMetrics,
     DiscoveryMetrics,
@@ -525,7 +526,7 @@ class Daemon:
 
     async def _start_discovery(self, stack: AsyncExitStack, built: Built) -> None:
         """Follow the discovery sources; their endpoints join through :meth:`_apply`."""
-        client = httpx.AsyncClient(follow_redirects=True)
+        client = httpx.AsyncClient(follow_redirects=True, event_hooks=event_hooks())
         stack.push_async_callback(client.aclose)
         self._discovery_client = client
         self._discovery = DiscoveryLoop(

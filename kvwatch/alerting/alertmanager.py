@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from kvwatch import __version__
+from kvwatch.httpcycles import event_hooks
 
 ALERTS_PATH = "/api/v2/alerts"
 # A batch per request, as Prometheus' notifier (MaxBatchSize): bounded bodies, fast rejections.
@@ -100,6 +101,7 @@ def build_http_client(settings: AlertmanagerSettings) -> httpx.AsyncClient:
         # Proxies and CA bundles come from the configuration only, as in Prometheus: an
         # inherited HTTPS_PROXY must not silently reroute pages.
         trust_env=False,
+        event_hooks=event_hooks(),
     )
 
 

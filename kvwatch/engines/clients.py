@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from kvwatch import __version__
+from kvwatch.httpcycles import event_hooks
 
 # A probe holds one connection at a time and an endpoint runs one probe at a time; the
 # headroom is for `kvwatch probe` and tests, which may overlap calls to one endpoint.
@@ -45,6 +46,7 @@ def build_http_client(
         follow_redirects=False,
         headers={"User-Agent": f"kvwatch/{__version__}"},
         verify=verify,
+        event_hooks=event_hooks(),
     )
 
 
