@@ -17,6 +17,7 @@ from kvwatch.store.models import (
 from kvwatch.store.records import (
     AlertStateRecord,
 )
+from kvwatch.store.statements import upsert_once
 
 _ALERT_KEY = ("alertname", "endpoint", "probe", "region")
 
@@ -44,12 +45,9 @@ class AlertStates(StoreBase):
         if not latest:
             return
         rows = [{**_alert_values(r), "region": self._region_key} for r in latest.values()]
-        stmt = self._insert(session, AlertState)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=list(_ALERT_KEY),
-            set_={k: stmt.excluded[k] for k in rows[0] if k not in _ALERT_KEY},
-        )
-        session.execute(stmt, rows)
+        # Runs with most finished probes: built once per dialect.
+        dialect = session.get_bind().dialect.name
+        session.execute(upsert_once(AlertState, dialect, _ALERT_KEY, tuple(rows[0])), rows)
 
 
 def _alert_values(r: AlertStateRecord) -> dict[str, Any]:

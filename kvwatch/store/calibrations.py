@@ -16,6 +16,7 @@ from kvwatch.store.models import (
 from kvwatch.store.records import (
     CalibrationRecord,
 )
+from kvwatch.store.statements import upsert_once
 
 
 class TokenCalibrations(StoreBase):
@@ -26,12 +27,8 @@ class TokenCalibrations(StoreBase):
             return
         key = ("endpoint", "token_source", "size_class")
         with self._errors("could not save a token calibration"), self._write() as s:
-            stmt = self._insert(s, TokenCalibration)
-            stmt = stmt.on_conflict_do_update(
-                index_elements=list(key),
-                set_={k: stmt.excluded[k] for k in rows[0] if k not in key},
-            )
-            s.execute(stmt, rows)
+            dialect = s.get_bind().dialect.name
+            s.execute(upsert_once(TokenCalibration, dialect, key, tuple(rows[0])), rows)
 
     def calibrations(self, endpoint: str | None = None) -> list[CalibrationRecord]:
         """Stored calibrations (of one endpoint, or all), by endpoint and tokenizer."""

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from sqlalchemy import (
+    bindparam,
     func,
     select,
 )
@@ -28,16 +29,9 @@ class ServedWindows(StoreBase):
 
     def served_windows(self, endpoint: str | None = None) -> dict[str, ServedWindowRecord]:
         """The latest measurement of each endpoint (or of one), by endpoint name."""
-        latest = (
-            select(ServedWindow.endpoint, func.max(ServedWindow.id).label("id"))
-            .group_by(ServedWindow.endpoint)
-            .subquery()
-        )
-        query = select(ServedWindow).join(latest, ServedWindow.id == latest.c.id)
-        if endpoint is not None:
-            query = query.where(ServedWindow.endpoint == endpoint)
+        query, params = (_LATEST, {}) if endpoint is None else (_LATEST_OF, {"name": endpoint})
         with self._errors("could not read served windows"), self._sessions() as s:
-            return {row.endpoint: _served_window(row) for row in s.scalars(query)}
+            return {row.endpoint: _served_window(row) for row in s.scalars(query, params)}
 
     def last_passing_size(self, endpoint: str, kinds: Sequence[str], below: int) -> int | None:
         """Prompt tokens of the latest passing probe of ``kinds`` smaller than ``below``: the
@@ -55,6 +49,17 @@ class ServedWindows(StoreBase):
         )
         with self._errors("could not read the last passing probe"), self._sessions() as s:
             return s.scalar(query)
+
+
+# Built once: a subquery's columns are copied each time one is built, in reference cycles
+# left to the cyclic garbage collector, and a served-window probe reads this every run.
+_IDS = (
+    select(ServedWindow.endpoint, func.max(ServedWindow.id).label("id"))
+    .group_by(ServedWindow.endpoint)
+    .subquery()
+)
+_LATEST = select(ServedWindow).join(_IDS, ServedWindow.id == _IDS.c.id)
+_LATEST_OF = _LATEST.where(ServedWindow.endpoint == bindparam("name"))
 
 
 def _served_window(row: ServedWindow) -> ServedWindowRecord:

@@ -9,6 +9,7 @@ so timestamps are still converted as the models say).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,4 +28,23 @@ def compiled_once(stmt: Any, dialect: str, column_keys: Sequence[str]) -> TextCl
         else bindparam(name, value=param.value, type_=param.type)  # a literal of the statement
         for param, name in compiled.bind_names.items()
     ]
-    return text(compiled.string).bindparams(*binds)
+    # PostgreSQL's casts (``:labels::JSONB`` for a JSON column) are escaped, or text() would
+    # not take ``:labels`` for a parameter.
+    return text(compiled.string.replace("::", r"\:\:")).bindparams(*binds)
+
+
+@functools.cache  # one entry per (model, dialect, key, columns): a few per database
+def upsert_once(
+    model: type[Any], dialect: str, key: tuple[str, ...], columns: tuple[str, ...]
+) -> TextClause:
+    """``INSERT … ON CONFLICT (key) DO UPDATE`` that sets each of ``columns`` outside ``key``
+    to the new row's value, for ``dialect``, compiled once (:func:`compiled_once`).
+
+    Built per call, such an upsert cost more than it ran: its ``excluded`` alias copies every
+    column of the table, about 60 objects a call in reference cycles, left to the cyclic
+    garbage collector (issue 25)."""
+    stmt: Any = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(model)
+    upsert = stmt.on_conflict_do_update(
+        index_elements=list(key), set_={c: stmt.excluded[c] for c in columns if c not in key}
+    )
+    return compiled_once(upsert, dialect, columns)

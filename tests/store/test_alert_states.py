@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import gc
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -101,3 +103,24 @@ def test_an_unknown_alert_state_is_refused(store: Store) -> None:
     with pytest.raises(StoreError, match="could not save alert states"):
         store.save_alert_states([firing(None, state="exploded")])
     assert store.load_alert_states() == []
+
+
+def test_finishing_a_probe_with_its_alert_state_leaves_nothing_to_the_cyclic_collector(
+    store: Store, new_probe: NewProbeFactory, make_outcome: OutcomeFactory
+) -> None:
+    """The write every probe makes is freed by reference counting (issue 25): built per call,
+    the alert upsert's ``excluded`` alias left its copied columns in reference cycles."""
+    for _ in range(2):  # first use: statements compiled and cached, sessions pooled
+        probe_id = store.begin_probe(new_probe())
+        store.finish_probe(probe_id, make_outcome("foreign_marker"), [firing(probe_id)])
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        probe_id = store.begin_probe(new_probe())
+        store.finish_probe(probe_id, make_outcome("foreign_marker"), [firing(probe_id)])
+        gc.collect()
+        left = collections.Counter(type(o).__qualname__ for o in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert left == {}
