@@ -40,9 +40,9 @@ def upsert_once(
     """``INSERT … ON CONFLICT (key) DO UPDATE`` that sets each of ``columns`` outside ``key``
     to the new row's value, for ``dialect``, compiled once (:func:`compiled_once`).
 
-    Built per call, such an upsert cost more than it ran: its ``excluded`` alias copies every
-    column of the table, about 60 objects a call in reference cycles, left to the cyclic
-    garbage collector (issue 25)."""
+    Built per call, such an upsert was compiled afresh each time (SQLAlchemy does not cache
+    it), and its ``excluded`` alias copied every column of the table: about 60 objects a call
+    in reference cycles, left to the cyclic garbage collector (issue 25)."""
     stmt: Any = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(model)
     upsert = stmt.on_conflict_do_update(
         index_elements=list(key), set_={c: stmt.excluded[c] for c in columns if c not in key}
