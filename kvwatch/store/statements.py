@@ -41,8 +41,8 @@ def upsert_once(
     to the new row's value, for ``dialect``, compiled once (:func:`compiled_once`).
 
     Built per call, such an upsert was compiled afresh each time (SQLAlchemy does not cache
-    it), and its ``excluded`` alias copied every column of the table: about 60 objects a call
-    in reference cycles, left to the cyclic garbage collector (issue 25)."""
+    it), and its ``excluded`` alias copied every column of the table: the alert-state upsert
+    left 179 objects a call in reference cycles to the cyclic garbage collector (issue 25)."""
     stmt: Any = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(model)
     upsert = stmt.on_conflict_do_update(
         index_elements=list(key), set_={c: stmt.excluded[c] for c in columns if c not in key}
