@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +71,8 @@ def _sqlite_engine(url: URL) -> Engine:
             f"{url.render_as_string(hide_password=True)}); create it first"
         )
     # sqlite3's own timeout is the busy wait from the moment of connecting, so it covers the
-    # journal_mode pragma below too (which runs before busy_timeout is set, and needs a lock).
+    # pragmas below too (they run before busy_timeout is set), except where SQLite skips the
+    # busy wait (see _journal_mode_wal).
     engine = _create(url, {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}})
     event.listen(engine, "connect", _sqlite_pragmas)
     return engine
@@ -81,12 +84,35 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     # each other instead of failing at once; NORMAL is durable enough under WAL.
     cursor = dbapi_connection.cursor()
     try:
-        cursor.execute("PRAGMA journal_mode=WAL")
+        _journal_mode_wal(cursor)
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
     finally:
         cursor.close()
+
+
+def _journal_mode_wal(cursor: Any) -> None:
+    """``PRAGMA journal_mode=WAL``, waiting out another connection's write lock.
+
+    The busy wait does not cover it: turning a database that is not yet in WAL mode to WAL
+    means taking its exclusive lock from a shared one, and where waiting for a lock could
+    deadlock SQLite answers "database is locked" at once without calling the busy handler
+    (https://www.sqlite.org/c3ref/busy_handler.html). So the daemon's first connection to a
+    new database failed its migration when a CLI command or a test's poller was writing to
+    the file at that moment. Retried for as long as the busy wait would have waited.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    pause = 0.01
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
 
 
 def _postgres_engine(url: URL) -> Engine:

@@ -160,7 +160,12 @@ async def test_a_small_model_that_miscopies_some_prompts_never_gets_burst_wrong(
     controls = [r for r in row.burst if r.control]
     assert controls, "no cycle in 60 had a wrong member (one prompt in four should miscopy)"
     assert report.verdict is Verdict.CANARY_INEFFECTIVE
-    assert all(c.outcome is BurstOutcome.WRONG and not c.marker_found for c in controls)
+    # Wrong, though not always without the marker: a miscopy that drops the marker's last
+    # symbol before a word starting with that letter reads as the marker (the match ignores
+    # spacing), and the word is then unreadable.
+    assert all(c.outcome is BurstOutcome.WRONG for c in controls), [
+        (c.index, c.outcome, c.marker_found, c.answered, c.answer) for c in row.burst
+    ]
     assert "sent again alone answered wrong too" in report.reason
 
 

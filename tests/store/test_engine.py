@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,26 @@ def test_an_unreachable_database_fails_ping_and_readiness() -> None:
         assert why.startswith("database unreachable")
     finally:
         engine.dispose()
+
+
+def test_turning_a_new_database_to_wal_waits_for_another_connections_write(
+    tmp_path: Path,
+) -> None:
+    """SQLite answers "database is locked" at once to the WAL switch while another
+    connection writes (no busy wait there); the engine's first connection waits it out."""
+    path = tmp_path / "kvwatch.db"
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("CREATE TABLE t (a)")
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("INSERT INTO t VALUES (1)")
+    released = threading.Timer(0.5, writer.execute, ("COMMIT",))
+    released.start()
+    engine = create_engine_for(f"sqlite:///{path}")
+    try:
+        with engine.connect() as connection:
+            assert _pragma(connection, "journal_mode") == "wal"
+            assert connection.exec_driver_sql("SELECT a FROM t").scalar() == 1
+    finally:
+        released.join()
+        engine.dispose()
+        writer.close()
