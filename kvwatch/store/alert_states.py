@@ -45,7 +45,8 @@ class AlertStates(StoreBase):
         if not latest:
             return
         rows = [{**_alert_values(r), "region": self._region_key} for r in latest.values()]
-        # Runs with most finished probes: built once per dialect.
+        # Runs with every result of a failing or recovering endpoint (each moves its counts):
+        # built once per dialect.
         dialect = session.get_bind().dialect.name
         session.execute(upsert_once(AlertState, dialect, _ALERT_KEY, tuple(rows[0])), rows)
 
