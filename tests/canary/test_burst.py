@@ -144,7 +144,10 @@ def test_a_member_wrong_alone_too_is_the_models_failure_not_the_batchs():
     model cannot do that prompt, so canary_ineffective, never burst_wrong."""
     tasks = _tasks()
     answers = [_ok(t) for t in tasks]
-    dropped = f"{tasks[2].marker[:-1]} {tasks[2].word}"
+    # The code's first symbol dropped: dropping its last could be read back from the word
+    # after it when the word starts with that letter (the match ignores spacing).
+    marker = tasks[2].marker
+    dropped = f"{marker[:4]}{marker[5:]} {tasks[2].word}"
     answers[2] = dropped
     judgement = judge_burst(_with_controls(tasks, answers, {2: dropped}))
     assert judgement.verdict is Verdict.CANARY_INEFFECTIVE
