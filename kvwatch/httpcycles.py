@@ -7,8 +7,8 @@ URLs and httpcore's pool request and events (45 objects per request, measured wi
 ``gc.DEBUG_SAVEALL``) stayed until a garbage collection found them. At 50 probes/s many
 were still in use when a young collection ran, so they reached the oldest generation, which
 CPython collects only once it has grown by a quarter: a daemon with two million objects
-piled up hundreds of thousands of dead ones between full collections, and each pile, freed
-at once, left holes in the allocators that later long-lived objects pinned (issue 25).
+piled up to 300,000 dead ones between full collections, about 20 MB of RSS at 1,000
+endpoints (issue 25; README, Memory).
 
 :func:`event_hooks` wraps each response's stream in one that, once closed, replaces itself
 on the response with an empty stream: the cycle is gone, and the response goes with its last

@@ -96,8 +96,8 @@ def _journal_mode_wal(cursor: Any) -> None:
     """``PRAGMA journal_mode=WAL``, waiting out another connection's write lock.
 
     The busy wait does not cover it: turning a database that is not yet in WAL mode to WAL
-    means taking its exclusive lock from a shared one, and where waiting for a lock could
-    deadlock SQLite answers "database is locked" at once without calling the busy handler
+    needs its exclusive lock, and where waiting for a lock could deadlock SQLite answers
+    "database is locked" at once without calling the busy handler
     (https://www.sqlite.org/c3ref/busy_handler.html). So the daemon's first connection to a
     new database failed its migration when a CLI command or a test's poller was writing to
     the file at that moment. Retried for as long as the busy wait would have waited.
