@@ -19,7 +19,6 @@ from sqlalchemy import (
     Engine,
     text,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -28,6 +27,7 @@ from kvwatch.store.migrate import current_revision, head_revision
 from kvwatch.store.models import (
     Probe,
 )
+from kvwatch.store.statements import insert_for
 
 
 def _utcnow() -> datetime:
@@ -159,10 +159,7 @@ class StoreBase:
 
     @staticmethod
     def _insert(session: Session, model: type[Any]) -> Any:
-        # Both dialects offer INSERT ... ON CONFLICT with the same interface.
-        if session.get_bind().dialect.name == "postgresql":
-            return postgresql.insert(model)
-        return sqlite.insert(model)
+        return insert_for(session.get_bind().dialect.name, model)
 
 
 # SQLSTATEs of a transaction that lost to another one (deadlock, serialization failure):

@@ -31,12 +31,11 @@ from sqlalchemy import (
     select,
     tuple_,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from kvwatch.canary.model import ProbeKind, ProbeState
 from kvwatch.store.models import Probe, ProbeRollup
-from kvwatch.store.statements import compiled_once
+from kvwatch.store.statements import compiled_once, insert_for
 
 HOUR = 3600
 _KEY = ("endpoint", "hour", "verdict")
@@ -244,7 +243,7 @@ def _merge(session: Session, rows: list[dict[str, Any]]) -> None:
 def _merge_statement(dialect: str) -> Any:
     """The upsert that adds rows to ``probe_rollups``, compiled once per dialect: it runs
     for every finished probe (see :mod:`kvwatch.store.statements`)."""
-    stmt: Any = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(ProbeRollup)
+    stmt = insert_for(dialect, ProbeRollup)
     t = ProbeRollup.__table__.c
     new = stmt.excluded
     changes: dict[str, Any] = {c: t[c] + new[c] for c in _SUMMED}

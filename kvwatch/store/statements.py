@@ -33,6 +33,12 @@ def compiled_once(stmt: Any, dialect: str, column_keys: Sequence[str]) -> TextCl
     return text(compiled.string.replace("::", r"\:\:")).bindparams(*binds)
 
 
+def insert_for(dialect: str, model: Any) -> Any:
+    """``INSERT`` into ``model`` with the dialect's ``ON CONFLICT`` clauses (both dialects
+    offer them with the same interface)."""
+    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(model)
+
+
 @functools.cache  # one entry per (model, dialect, key, columns): a few per database
 def upsert_once(
     model: type[Any], dialect: str, key: tuple[str, ...], columns: tuple[str, ...]
@@ -43,7 +49,7 @@ def upsert_once(
     Built per call, such an upsert was compiled afresh each time (SQLAlchemy does not cache
     it), and its ``excluded`` alias copied every column of the table: the alert-state upsert
     left 179 objects a call in reference cycles to the cyclic garbage collector (issue 25)."""
-    stmt: Any = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(model)
+    stmt = insert_for(dialect, model)
     upsert = stmt.on_conflict_do_update(
         index_elements=list(key), set_={c: stmt.excluded[c] for c in columns if c not in key}
     )
