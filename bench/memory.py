@@ -9,7 +9,9 @@ endpoints, and ``kvwatch run`` probes ``--endpoints`` of them with ``--probes`` 
   probe, alerts) and the API's reads are fetched, as a person or a dashboard would;
 * ``--churn-every S``: every S seconds a reload (SIGHUP) removes the ``--churn`` oldest
   endpoints and adds as many under names never used before (on the simulator endpoints just
-  freed), so whatever kvwatch keeps per endpoint must be freed with it.
+  freed), so whatever kvwatch keeps per endpoint must be freed with it; ``--churn 0``
+  reloads the unchanged file, which tells what a reload costs from what replacing
+  endpoints does.
 
 The process's VmRSS is sampled every ``--sample-every`` (60) seconds, with its live small
 Python objects (``kvwatch_python_allocated_blocks``) and what glibc's malloc holds
@@ -505,7 +507,12 @@ def parse(argv: list[str]) -> Options:
     )
     parser.add_argument("--web-every", type=float, default=30.0, help="0: no web reads")
     parser.add_argument("--churn-every", type=float, default=60.0, help="0: no reloads")
-    parser.add_argument("--churn", type=int, default=10, help="endpoints replaced per reload")
+    parser.add_argument(
+        "--churn",
+        type=int,
+        default=10,
+        help="endpoints replaced per reload (0: reloads of an unchanged file)",
+    )
     parser.add_argument("--tracemalloc", action="store_true")
     parser.add_argument("--fleet-window", default="2048-8192")
     parser.add_argument(
@@ -513,8 +520,8 @@ def parse(argv: list[str]) -> Options:
     )
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args(argv)
-    if args.churn_every and not 0 < args.churn < args.endpoints:
-        parser.error("--churn must be between 1 and --endpoints - 1")
+    if args.churn_every and not 0 <= args.churn < args.endpoints:
+        parser.error("--churn must be between 0 and --endpoints - 1")
     return Options(
         db=args.db,
         endpoints=args.endpoints,
