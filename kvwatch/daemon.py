@@ -442,8 +442,10 @@ class Daemon:
                 built.alerts.revive(target.spec.name)
             scheduler.add(target)
         fresh_names = {t.spec.name for t in fresh}
-        built.targets = [t for t in built.targets if t.spec.name in specs]
-        built.targets = [t for t in built.targets if t.spec.name not in fresh_names] + fresh
+        # One assignment: the web layer's threads read this list (WebContext.probed).
+        built.targets = [
+            t for t in built.targets if t.spec.name in specs and t.spec.name not in fresh_names
+        ] + fresh
         drop_unused_piece_caches(built.piece_caches, built.targets)
         return True, (
             f"{len(specs)} endpoints: {len([n for n in specs if n not in old])} added, "
@@ -521,6 +523,9 @@ class Daemon:
             settings=web_settings(self.config),
             reload=self.reload,
             budget=built.metrics.budget_of,
+            # built.targets is replaced whole by a reload, never changed in place: a page's
+            # thread reads one list or the other.
+            probed=lambda: {t.spec.name for t in built.targets},
         )
         return embedded_server(create_app(context), host, port)
 

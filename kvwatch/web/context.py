@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -31,3 +31,8 @@ class WebContext:
     # ProbeMetrics.budget_of; None without a budget). Not read back from the registry's
     # gauge: that collects every series of every endpoint for one value.
     budget: Callable[[str], tuple[int, int | None] | None] = lambda _name: None
+    # The names of the endpoints the daemon probes now, which the overview and the API's
+    # endpoint list show (None: every endpoint stored, where no daemon runs beside the web
+    # layer). The database keeps every endpoint ever registered; a removed one's history
+    # stays reachable by name.
+    probed: Callable[[], Collection[str]] | None = None

@@ -67,7 +67,8 @@ def test_a_reload_removing_endpoints_leaves_no_series_and_shrinks_the_internal_m
     """Two of four endpoints removed (one of them mid-probe), one changed (same model):
     /metrics has no series naming the removed ones, not even after the probe in flight ends,
     the changed one keeps kvwatch_endpoint_info with its new interval, and every
-    per-endpoint map holds the two left (metric children fewer than before)."""
+    per-endpoint map holds the two left (metric children fewer than before), and so does the
+    web layer's endpoint list, while a removed one's page stays."""
     log = tmp_path / "run.log"
     # gone-1 answers after 4 s: the reload comes while one of its probes runs.
     sims = [f"name={n},window=4096" + (",ttfb_delay=4" if n == "gone-1" else "") for n in NAMES]
@@ -121,6 +122,9 @@ def test_a_reload_removing_endpoints_leaves_no_series_and_shrinks_the_internal_m
             assert after["metric_children"] < before["metric_children"]
             # One model before and after: its filler counts are kept, not made again.
             assert before["piece_caches"] == after["piece_caches"] == 1, (before, after)
+            listed = httpx.get(f"http://{listen}/api/v1/endpoints", timeout=10).json()
+            assert sorted(e["name"] for e in listed) == ["changed", "kept"], listed
+            assert httpx.get(f"http://{listen}/endpoints/gone-2", timeout=10).status_code == 200
         finally:
             assert stop(proc) == 0, log.read_text()
             engine.dispose()

@@ -165,6 +165,29 @@ def test_the_overview_gives_each_endpoint_its_newest_probes_and_latest_finished_
     assert overview["c"].recent == [] and overview["c"].latest == {}
 
 
+def test_the_overview_of_named_endpoints_leaves_out_the_others_stored(
+    store: Store, new_probe: NewProbeFactory, make_outcome: OutcomeFactory, t0: datetime
+) -> None:
+    """``only``: the endpoints a daemon probes now; one it no longer probes keeps its rows but
+    is neither listed nor walked, and a name never stored adds nothing."""
+    ids = {}
+    for minute, endpoint in enumerate(["kept", "removed", "kept", "removed"]):
+        ids[endpoint] = store.begin_probe(
+            new_probe(endpoint=endpoint, started_at=t0 + timedelta(minutes=minute))
+        )
+        store.finish_probe(ids[endpoint], make_outcome("pass"))
+    new_probe(endpoint="idle")  # registered, never probed
+
+    queries = HistoryQueries(store)
+    shown = queries.overview(recent=5, only={"kept", "idle", "never-stored"})
+
+    assert [o.endpoint.name for o in shown] == ["idle", "kept"]
+    assert [p.id for p in shown[1].recent][:1] == [ids["kept"]]
+    assert shown[1].latest["under"].id == ids["kept"]
+    assert queries.overview(recent=5, only=set()) == []
+    assert [o.endpoint.name for o in queries.overview(recent=0)] == ["idle", "kept", "removed"]
+
+
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_on_sqlite_the_overview_does_not_walk_the_history_of_kinds_never_run(
     store: Store, new_probe: NewProbeFactory, make_outcome: OutcomeFactory
