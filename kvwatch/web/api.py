@@ -109,7 +109,7 @@ def _endpoint_routes(router: APIRouter, ctx: WebContext, queries: HistoryQueries
                 served.get(o.endpoint.name),
                 calibrations.get(o.endpoint.name, ()),
             )
-            for o in queries.overview(recent=0, only=ctx.probed and ctx.probed())
+            for o in queries.overview(recent=0, only=ctx.shown_endpoints())
         ]
 
     @router.get(

@@ -36,3 +36,7 @@ class WebContext:
     # layer). The database keeps every endpoint ever registered; a removed one's history
     # stays reachable by name.
     probed: Callable[[], Collection[str]] | None = None
+
+    def shown_endpoints(self) -> Collection[str] | None:
+        """The endpoint names the overview and the API's list show; None: every one stored."""
+        return None if self.probed is None else self.probed()

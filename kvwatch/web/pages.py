@@ -142,7 +142,7 @@ def _endpoint_pages(
 
     @router.get("/", response_class=HTMLResponse)
     def overview(request: Request) -> HTMLResponse:
-        overviews = queries.overview(recent=STRIP, only=ctx.probed and ctx.probed())
+        overviews = queries.overview(recent=STRIP, only=ctx.shown_endpoints())
         # The header and every row are built from this one list, so a column's heading is
         # always the kind of the badges under it. Only kinds some endpoint on the page has run
         # get a column: edge runs only when a pool is short, and most fleets never see it.
