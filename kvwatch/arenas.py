@@ -158,7 +158,9 @@ class Heap:
 
     allocated: int  # in chunks the program holds
     free: int  # in free chunks malloc keeps: freed by the program, not returned to the OS
-    mmapped: int  # in chunks large enough to get a mapping of their own
+    # In chunks large enough to get a mapping of their own; None for an allocator that
+    # maps none per allocation (jemalloc, kvwatch/jemalloc.py).
+    mmapped: int | None
 
 
 class _MallInfo2(ctypes.Structure):

@@ -107,11 +107,13 @@ def run(config_path: Path | None, grace: float) -> None:
         logs.configure("info")
         asyncio.run(run_demo(grace_seconds=grace))
         return
-    from kvwatch import arenas, memtrace
+    from kvwatch import arenas, jemalloc, memtrace
 
-    # Before any thread of the daemon allocates (see kvwatch/arenas.py).
-    arenas.limit_arenas()
-    arenas.fix_mmap_threshold()
+    # Before any thread of the daemon allocates (see kvwatch/arenas.py). Under jemalloc
+    # glibc's malloc serves nothing, so there is nothing to tune (kvwatch/jemalloc.py).
+    if not jemalloc.active():
+        arenas.limit_arenas()
+        arenas.fix_mmap_threshold()
     # Started before the config is read, so every allocation of the daemon is traced.
     trace = memtrace.start_from_env()
     config = _load(config_path)

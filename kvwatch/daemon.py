@@ -23,7 +23,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
-from kvwatch import __version__, arenas
+from kvwatch import __version__, arenas, jemalloc
 from kvwatch.alerting.alertmanager import AlertmanagerSettings, TLSSettings
 from kvwatch.alerting.delivery import Delivery
 from kvwatch.alerting.evaluator import KEEP_RETIRED, AlertEvaluator
@@ -480,7 +480,7 @@ class Daemon:
             scheduler = ProbeScheduler(built.runner, watcher=watcher)
             self._scheduler = scheduler
             built.registry.register(SizesCollector(functools.partial(_sizes, built, scheduler)))
-            built.registry.register(MallocCollector(arenas.heap))
+            built.registry.register(MallocCollector(_malloc_figures()))
             built.registry.register(PythonBlocksCollector(sys.getallocatedblocks))
             scheduler.start(built.targets)
             _start_loops(stack, built, scheduler, config)
@@ -496,6 +496,7 @@ class Daemon:
                 listen=config.listen,
                 database=_safe_url(config.database),
                 recovered_interrupted=recovered,
+                malloc="jemalloc" if jemalloc.active() else "libc",
             )
             stop_task = asyncio.create_task(self.stop.wait(), name="stop")
             done, _ = await asyncio.wait({web_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -570,8 +571,15 @@ def _start_loops(
     stack.push_async_callback(_flush_and_cancel, built.runner.results, flushing)
     pruning = asyncio.create_task(retention_loop(built.store, config.retention), name="retention")
     stack.push_async_callback(_cancel, pruning)
-    trimming = asyncio.create_task(arenas.trim_loop(), name="malloc-trim")
-    stack.push_async_callback(_cancel, trimming)
+    if not jemalloc.active():  # jemalloc returns its free pages itself (kvwatch/jemalloc.py)
+        trimming = asyncio.create_task(arenas.trim_loop(), name="malloc-trim")
+        stack.push_async_callback(_cancel, trimming)
+
+
+def _malloc_figures() -> Callable[[], arenas.Heap | None]:
+    """What kvwatch_malloc_bytes reads: jemalloc's statistics when it is the process's
+    malloc, glibc's otherwise."""
+    return jemalloc.heap if jemalloc.active() else arenas.heap
 
 
 def _removal_reason(spec: EndpointSpec, config: Config) -> str:

@@ -369,11 +369,12 @@ class SizesCollector(Collector):
 
 
 class MallocCollector(Collector):
-    """``kvwatch_malloc_bytes{state}``: what glibc's malloc holds, read at scrape time.
+    """``kvwatch_malloc_bytes{state}``: what malloc (glibc's, or jemalloc's when kvwatch
+    runs under it) holds, read at scrape time.
 
     ``free`` is memory the process freed that malloc kept instead of returning it: RSS that
     grows while ``allocated`` does not is held free space, not live data (issue 25). Nothing
-    is exported where the C library has no ``mallinfo2``.
+    is exported where the allocator gives no figures (a C library without ``mallinfo2``).
     """
 
     def __init__(self, heap: Callable[[], Heap | None]) -> None:
@@ -386,12 +387,14 @@ class MallocCollector(Collector):
         family = GaugeMetricFamily(
             "kvwatch_malloc_bytes",
             "Bytes held by the C library's malloc, by state: allocated (in use), free (kept "
-            "by malloc, not returned to the OS), mmapped (large chunks, in use).",
+            "by malloc, not returned to the OS), mmapped (glibc only: large chunks with a "
+            "mapping of their own, in use).",
             labels=["state"],
         )
         family.add_metric(["allocated"], heap.allocated)
         family.add_metric(["free"], heap.free)
-        family.add_metric(["mmapped"], heap.mmapped)
+        if heap.mmapped is not None:
+            family.add_metric(["mmapped"], heap.mmapped)
         yield family
 
     def describe(self) -> Iterator[Metric]:

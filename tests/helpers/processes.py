@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -66,8 +66,10 @@ def simulator_process(*endpoints: str, log: Path) -> Iterator[str]:
         stop(proc)
 
 
-def start_kvwatch(*args: str, log: Path, cwd: Path | None = None) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def start_kvwatch(
+    *args: str, log: Path, cwd: Path | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with log.open("ab") as out:
         return subprocess.Popen(
             kvwatch_cmd(*args), stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env
