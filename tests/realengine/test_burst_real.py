@@ -82,4 +82,11 @@ async def test_a_batch_that_swaps_prompts_is_a_burst_leak_on_the_real_model(
     assert row is not None
     assert report.verdict is Verdict.BURST_LEAK, (report.reason, [r.answer for r in row.burst])
     assert row.burst[0].outcome is BurstOutcome.RIGHT
-    assert [r.siblings for r in row.burst[1:]] == [(2,), (3,), (1,)]
+    # Each member answers from the next one's prompt. Gemma 3 270M now and then miscopies a
+    # marker it was given (2 of 240 answers, docs/llamacpp-facts.md), so one member may hold
+    # none (seen in CI: the first held nothing); one that holds a marker must hold the next
+    # member's.
+    held = [r.siblings for r in row.burst[1:]]
+    expected = [(2,), (3,), (1,)]
+    assert all(got in ((), want) for got, want in zip(held, expected, strict=True)), held
+    assert held.count(()) <= 1, held
