@@ -12,10 +12,10 @@ near zero and read as a measurement.
 from __future__ import annotations
 
 import ctypes
-import functools
 from typing import Any
 
 from kvwatch.arenas import Heap
+from kvwatch.arenas import _libc as libc
 
 # jemalloc's statistics are a snapshot refreshed by writing "epoch" (jemalloc(3), MALLCTL
 # NAMESPACE): without it every read returns the figures of the last refresh.
@@ -58,19 +58,14 @@ def _read(mallctl: Any, name: bytes) -> int | None:
     return value.value
 
 
-@functools.cache
 def _mallctl() -> Any:
-    # int mallctl(const char *name, void *oldp, size_t *oldlenp, void *newp, size_t newlen)
-    try:
-        function = ctypes.CDLL(None).mallctl
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = (
+    # int mallctl(const char *name, void *oldp, size_t *oldlenp, void *newp, size_t newlen),
+    # found among the process's global symbols only when jemalloc is its malloc.
+    argtypes = (
         ctypes.c_char_p,
         ctypes.c_void_p,
         ctypes.POINTER(ctypes.c_size_t),
         ctypes.c_void_p,
         ctypes.c_size_t,
     )
-    function.restype = ctypes.c_int
-    return function
+    return libc("mallctl", argtypes, ctypes.c_int)
