@@ -208,7 +208,7 @@ def build_targets(
     targets = []
     # The served window measured before a restart or reload: the streak it belongs to goes on,
     # and the next page of that streak must describe it (the runner reads it again anyway).
-    served = store.served_windows() if specs else {}
+    served = store.served_windows(among=[spec.name for spec in specs]) if specs else {}
     # Filler piece counts are shared by every endpoint serving the same model.
     caches = {} if piece_caches is None else piece_caches
     for spec in specs:

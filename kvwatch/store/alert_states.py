@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (
-    select,
-)
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from kvwatch.store.base import StoreBase
@@ -29,6 +28,22 @@ class AlertStates(StoreBase):
             select(AlertState)
             .where(AlertState.region == self._region_key)
             .order_by(AlertState.alertname, AlertState.endpoint, AlertState.probe)
+        )
+        with self._errors("could not load alert states"), self._sessions() as s:
+            return [_alert_record(row) for row in s.scalars(query)]
+
+    def listed_alert_states(self, resolved_since: datetime) -> list[AlertStateRecord]:
+        """This region's firing and pending alerts, and those resolved at or after
+        ``resolved_since``: what the alerts page and API list. Filtered by the database: a
+        row stays for every (alert, endpoint, probe) that ever alerted, retired endpoints'
+        included, and a page view should not build them all (issue 25)."""
+        resolved_at = func.coalesce(AlertState.ends_at, AlertState.updated_at)
+        query = select(AlertState).where(
+            AlertState.region == self._region_key,
+            or_(
+                AlertState.state.in_(("firing", "pending")),
+                and_(AlertState.state == "resolved", resolved_at >= resolved_since),
+            ),
         )
         with self._errors("could not load alert states"), self._sessions() as s:
             return [_alert_record(row) for row in s.scalars(query)]

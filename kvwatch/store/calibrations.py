@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from sqlalchemy import (
     select,
 )
 
+from kvwatch.store.among import name_among
 from kvwatch.store.base import StoreBase
 from kvwatch.store.models import (
     TokenCalibration,
@@ -30,14 +31,20 @@ class TokenCalibrations(StoreBase):
             dialect = s.get_bind().dialect.name
             s.execute(upsert_once(TokenCalibration, dialect, key, tuple(rows[0])), rows)
 
-    def calibrations(self, endpoint: str | None = None) -> list[CalibrationRecord]:
-        """Stored calibrations (of one endpoint, or all), by endpoint and tokenizer."""
+    def calibrations(
+        self, endpoint: str | None = None, *, among: Collection[str] | None = None
+    ) -> list[CalibrationRecord]:
+        """Stored calibrations (of one endpoint, of those in ``among``, or all), by endpoint
+        and tokenizer."""
         query = select(TokenCalibration).order_by(
             TokenCalibration.endpoint, TokenCalibration.token_source, TokenCalibration.size_class
         )
         if endpoint is not None:
             query = query.where(TokenCalibration.endpoint == endpoint)
         with self._errors("could not read token calibrations"), self._sessions() as s:
+            if among is not None:
+                dialect = s.get_bind().dialect.name
+                query = query.where(name_among(TokenCalibration.endpoint, among, dialect))
             return [
                 CalibrationRecord(
                     endpoint=row.endpoint,

@@ -21,7 +21,6 @@ from sqlalchemy import (
     Connection,
     Integer,
     String,
-    any_,
     bindparam,
     case,
     cast,
@@ -34,12 +33,12 @@ from sqlalchemy import (
     union_all,
     values,
 )
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import aliased
 
 from kvwatch.canary.model import ProbeKind, ProbeState
 from kvwatch.store import rollups
+from kvwatch.store.among import name_among
 from kvwatch.store.errors import StoreError
 from kvwatch.store.models import Endpoint, Probe
 from kvwatch.store.probes import probe_row
@@ -180,16 +179,13 @@ class HistoryQueries:
         rows for good. Read whole, every page view grew with them (at 500 endpoints probed and
         1,280 stored, 17 MB of objects for one overview instead of 6), and CPython's arenas
         grew to hold that peak: 9 arenas in 30 minutes with 20 endpoints replaced a minute,
-        1 once only the probed ones were read (issue 25). On SQLite the rows of the others
-        are still read (one each), but not walked."""
+        1 once only the probed ones were read (issue 25). The others' rows are not read
+        at all: the database filters them (:func:`name_among`)."""
         with self._connect("could not read the overview") as c:
             query = select(Endpoint).order_by(Endpoint.name)
-            if only is not None and c.dialect.name == "postgresql":
-                # One array parameter rather than an IN list of one parameter per name.
-                query = query.where(Endpoint.name == any_(_names_array(sorted(only))))
-            endpoints = [_endpoint(row) for row in c.execute(query)]
             if only is not None:
-                endpoints = [ep for ep in endpoints if ep.name in only]
+                query = query.where(name_among(Endpoint.name, only, c.dialect.name))
+            endpoints = [_endpoint(row) for row in c.execute(query)]
             if c.dialect.name == "postgresql":
                 strips, latest = _overview_lateral(c, recent, query.subquery())
             else:
@@ -408,14 +404,9 @@ class HistoryQueries:
 
     def alerts(self, store: Store, resolved_since: datetime) -> list[AlertStateRecord]:
         """Firing and pending alerts, then those resolved at or after ``resolved_since``."""
-        # The alert_states table holds one row per (alert, endpoint, probe): small by design.
-        states = store.load_alert_states()
+        states = store.listed_alert_states(resolved_since)
         active = [a for a in states if a.state in ("firing", "pending")]
-        resolved = [
-            a
-            for a in states
-            if a.state == "resolved" and (a.ends_at or a.updated_at) >= resolved_since
-        ]
+        resolved = [a for a in states if a.state == "resolved"]
         active.sort(key=lambda a: (a.state != "firing", a.starts_at or a.updated_at), reverse=False)
         resolved.sort(key=lambda a: a.ends_at or a.updated_at, reverse=True)
         return active + resolved
@@ -662,10 +653,6 @@ def _latest_finished_id(endpoint: Any, kind: Any) -> Any:
         .order_by(p.started_at.desc(), p.id.desc())
         .limit(1)
     )
-
-
-def _names_array(names: Sequence[str]) -> Any:
-    return bindparam("names", value=list(names), type_=postgresql.ARRAY(String))
 
 
 def _overview_lateral(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from sqlalchemy import (
     bindparam,
@@ -11,6 +11,7 @@ from sqlalchemy import (
     select,
 )
 
+from kvwatch.store.among import name_among
 from kvwatch.store.base import StoreBase
 from kvwatch.store.models import (
     Probe,
@@ -27,10 +28,16 @@ class ServedWindows(StoreBase):
         with self._errors("could not record a served window"), self._write() as s:
             s.add(ServedWindow(**dataclasses.asdict(record)))
 
-    def served_windows(self, endpoint: str | None = None) -> dict[str, ServedWindowRecord]:
-        """The latest measurement of each endpoint (or of one), by endpoint name."""
+    def served_windows(
+        self, endpoint: str | None = None, *, among: Collection[str] | None = None
+    ) -> dict[str, ServedWindowRecord]:
+        """The latest measurement of each endpoint (or of one, or of those in ``among``), by
+        endpoint name."""
         query, params = (_LATEST, {}) if endpoint is None else (_LATEST_OF, {"name": endpoint})
         with self._errors("could not read served windows"), self._sessions() as s:
+            if among is not None:
+                dialect = s.get_bind().dialect.name
+                query = query.where(name_among(ServedWindow.endpoint, among, dialect))
             return {row.endpoint: _served_window(row) for row in s.scalars(query, params)}
 
     def last_passing_size(self, endpoint: str, kinds: Sequence[str], below: int) -> int | None:

@@ -98,9 +98,10 @@ def _endpoint_routes(router: APIRouter, ctx: WebContext, queries: HistoryQueries
 
     @router.get("/endpoints", summary="Endpoints with their latest verdict per probe kind")
     def endpoints() -> list[schemas.Endpoint]:
-        served = ctx.store.served_windows()
+        shown = ctx.shown_endpoints()
+        served = ctx.store.served_windows(among=shown)
         calibrations: dict[str, list[CalibrationRecord]] = {}
-        for record in ctx.store.calibrations():
+        for record in ctx.store.calibrations(among=shown):
             calibrations.setdefault(record.endpoint, []).append(record)
         return [
             schemas.endpoint(
@@ -109,7 +110,7 @@ def _endpoint_routes(router: APIRouter, ctx: WebContext, queries: HistoryQueries
                 served.get(o.endpoint.name),
                 calibrations.get(o.endpoint.name, ()),
             )
-            for o in queries.overview(recent=0, only=ctx.shown_endpoints())
+            for o in queries.overview(recent=0, only=shown)
         ]
 
     @router.get(
