@@ -318,6 +318,9 @@ class Daemon:
         self._config_metrics: ConfigMetrics | None = None
         self._discovery: DiscoveryLoop | None = None
         self._discovery_client: httpx.AsyncClient | None = None
+        # Endpoints with alert states stored by an earlier process but not configured at
+        # start: retired once the configuration and every discovery source have been read.
+        self._unconfigured: set[str] = set()
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -447,10 +450,29 @@ class Daemon:
             t for t in built.targets if t.spec.name in specs and t.spec.name not in fresh_names
         ] + fresh
         drop_unused_piece_caches(built.piece_caches, built.targets)
+        if self._discovery is None or self._discovery.listed_all():
+            await self._retire_unconfigured()
         return True, (
             f"{len(specs)} endpoints: {len([n for n in specs if n not in old])} added, "
             f"{len([s for s in changed if s.name in old])} changed, {len(removed)} removed"
         )
+
+    async def _retire_unconfigured(self) -> None:
+        """Resolve the alerts of endpoints an earlier process alerted on and this one does
+        not probe (removed from the file, or no longer listed, while kvwatch was stopped; a
+        restart is how many deployments apply a new configuration): held from the database
+        as they were, a firing one would be re-sent to Alertmanager for as long as this
+        process runs, with nothing left to resolve it."""
+        built = self._built
+        if not self._unconfigured or built is None:
+            return
+        probed = {t.spec.name for t in built.targets}
+        gone = sorted(self._unconfigured - probed)
+        self._unconfigured = set()
+        if gone:
+            log.info("unconfigured_endpoints_retired", endpoints=gone)
+        for name in gone:
+            await _retire_alerts(built, name, UNCONFIGURED_AT_START)
 
     def _sources(self, config: Config) -> list[Source]:
         assert self._discovery_client is not None
@@ -484,7 +506,12 @@ class Daemon:
             built.registry.register(PythonBlocksCollector(sys.getallocatedblocks))
             scheduler.start(built.targets)
             _start_loops(stack, built, scheduler, config)
+            if built.alerts is not None:
+                configured = {t.spec.name for t in built.targets}
+                self._unconfigured = built.alerts.endpoints() - configured
             await self._start_discovery(stack, built)
+            if self._discovery is None or self._discovery.listed_all():  # no sources
+                await self._retire_unconfigured()
             web = self._web_server(built, scheduler)
             web_task = asyncio.create_task(web.serve(), name="web")
             log.info(
@@ -582,6 +609,11 @@ def _malloc_figures() -> Callable[[], arenas.Heap | None]:
     return jemalloc.heap if jemalloc.active() else arenas.heap
 
 
+UNCONFIGURED_AT_START = (
+    "kvwatch restarted without the endpoint in its configuration or discovery lists"
+)
+
+
 def _removal_reason(spec: EndpointSpec, config: Config) -> str:
     """Why ``spec`` is no longer probed (``config``: the configuration now applied): said on
     the alerts its removal resolves."""
@@ -599,15 +631,22 @@ async def _retire(built: Built, scheduler: ProbeScheduler, spec: EndpointSpec, r
     name = spec.name
     scheduler.remove(name, spec.probes)
     built.clients.retire(name, idle=functools.partial(_idle_then_forget, built, scheduler, spec))
-    if built.alerts is not None:
-        retired = built.alerts.retire(name, reason)
-        try:
-            await asyncio.to_thread(built.store.save_alert_states, retired)
-        except StoreError as exc:
-            log.warning("retire_alerts_failed", endpoint=name, error=str(exc))
-        else:
-            built.alerts.committed(retired)
+    await _retire_alerts(built, name, reason)
     built.metrics.forget_endpoint(name, spec.model, spec.flavour, [k.value for k in spec.probes])
+
+
+async def _retire_alerts(built: Built, name: str, reason: str) -> None:
+    """Resolve ``name``'s firing alerts with ``reason`` and clear its pending ones, in
+    memory (what delivery sends) and in the database."""
+    if built.alerts is None:
+        return
+    retired = built.alerts.retire(name, reason)
+    try:
+        await asyncio.to_thread(built.store.save_alert_states, retired)
+    except StoreError as exc:
+        log.warning("retire_alerts_failed", endpoint=name, error=str(exc))
+    else:
+        built.alerts.committed(retired)
 
 
 async def _idle_then_forget(built: Built, scheduler: ProbeScheduler, spec: EndpointSpec) -> None:

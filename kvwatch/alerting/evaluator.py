@@ -199,6 +199,10 @@ class AlertEvaluator:
             del self._retired[endpoint]
             self._refused.pop(endpoint, None)
 
+    def endpoints(self) -> set[str]:
+        """The endpoints with a state held."""
+        return {s.endpoint for s in self._states.values()}
+
     @property
     def state_count(self) -> int:
         """States held (not ``__len__``: an evaluator holding none must stay truthy, the

@@ -44,6 +44,11 @@ class DiscoveryLoop:
         """Every source's last good list, in the order the sources are configured."""
         return [spec for source in self._sources for spec in self._lists.get(source.name, ())]
 
+    def listed_all(self) -> bool:
+        """Whether every source has given a good list since it was configured: until then,
+        an endpoint none lists may be one a source that has not answered yet would list."""
+        return all(source.name in self._lists for source in self._sources)
+
     async def refresh(self, source: Source) -> bool:
         """Fetch ``source`` once; True when its list changed."""
         try:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,7 +17,7 @@ import yaml
 
 from kvwatch.alerting.evaluator import RESOLVED_REASON
 from kvwatch.config import load_config, parse_config
-from kvwatch.daemon import Daemon
+from kvwatch.daemon import UNCONFIGURED_AT_START, Daemon
 from kvwatch.simulator.server import RunningSimulator, run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
 from kvwatch.store.engine import create_engine_for
@@ -199,3 +200,44 @@ async def test_a_reload_that_removes_the_source_retires_its_endpoints_and_a_new_
             )
     finally:
         engine.dispose()
+
+
+async def test_at_start_an_endpoint_no_source_lists_is_retired_once_every_source_has_answered(
+    store: Store, db_url: str
+) -> None:
+    """A stored firing alert of an endpoint the source no longer lists is resolved, saying
+    why; one of an endpoint the source lists again is not resolved on the way (its startsAt
+    is still the stored one)."""
+    since = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+    stored = [
+        AlertStateRecord(
+            alertname="KVWatchContextNotHonored",
+            endpoint=name,
+            probe="under",
+            state="firing",
+            severity="critical",
+            updated_at=since,
+            failures=2,
+            starts_at=since,
+            labels={"alertname": "KVWatchContextNotHonored", "endpoint": name, "probe": "under"},
+        )
+        for name in ("leaky", "gone")
+    ]
+    store.save_alert_states(stored)
+    async with run_simulator(FLEET) as sim, daemon(sim, db_url):
+
+        def retired() -> AlertStateRecord | None:
+            return next(
+                (
+                    s
+                    for s in store.load_alert_states()
+                    if s.endpoint == "gone" and s.state == "resolved"
+                ),
+                None,
+            )
+
+        gone = await eventually("gone's alert resolved", retired, timeout=30)
+        assert gone.annotations[RESOLVED_REASON] == UNCONFIGURED_AT_START
+        await eventually("leaky probed", lambda: store.list_probes(endpoint="leaky"))
+        leaky = firing(store, "leaky")
+        assert leaky is not None and leaky.starts_at == since

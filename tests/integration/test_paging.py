@@ -15,12 +15,16 @@ from typing import Any
 
 import pytest
 
+from kvwatch.alerting.evaluator import RESOLVED_REASON
 from kvwatch.canary.model import ProbeKind, Verdict
 from kvwatch.config import Config
-from kvwatch.daemon import Built, build
+from kvwatch.daemon import UNCONFIGURED_AT_START, Built, Daemon, build
 from kvwatch.simulator.server import run_simulator
 from kvwatch.simulator.spec import FaultMode, SimEndpoint
+from kvwatch.store.engine import create_engine_for
+from kvwatch.store.repository import Store
 from tests.helpers.alertmanager import AlertmanagerProcess, RecordingServer, running_alertmanager
+from tests.helpers.processes import free_port
 from tests.helpers.targets import config_for, sim_endpoint_entry
 
 UNDER, BASE = ProbeKind.UNDER, ProbeKind.BASELINE
@@ -222,3 +226,42 @@ async def test_a_restart_neither_forgets_a_firing_alert_nor_pages_it_again_as_ne
         # always three digits (".090Z").
         started = datetime.fromisoformat(fired[0]["startsAt"])
         assert {datetime.fromisoformat(n["startsAt"]) for n in firing_notes} == {started}
+
+
+async def test_an_endpoint_removed_while_kvwatch_was_stopped_has_its_page_resolved(
+    tmp_path: Path, alertmanager, webhook
+):
+    """Restarted without the paging endpoint in its file, kvwatch resolves that alert in
+    Alertmanager, saying why, instead of re-sending it as firing for as long as it runs."""
+    db = f"sqlite:///{tmp_path / 'kvwatch.db'}"
+    fleet = [*FLEET, SimEndpoint("fine", window=8192)]
+    async with run_simulator(fleet) as sim:
+        sim.set_fault("ep", FaultMode.ACCEPT_OVER_LIMIT)
+        async with kvwatch(paging_config(sim, db, alertmanager, "a")) as first:
+            await probe(first, ProbeKind.OVER)
+            [fired] = await eventually("the page", lambda: active(alertmanager))
+        without = config_for(
+            [sim_endpoint_entry(sim, "fine", probes=["baseline"])],
+            database=db,
+            replica="a",
+            listen=f"127.0.0.1:{free_port()}",
+            alertmanager={"urls": [alertmanager.url], "resend_interval": "1s"},
+        )
+        restarted = Daemon(without, grace_seconds=5)
+        task = asyncio.create_task(restarted.run())
+        try:
+            [resolved] = await eventually(
+                "the resolution", lambda: notified(webhook, "resolved"), timeout=30
+            )
+            assert resolved["labels"] == fired["labels"]
+            assert resolved["annotations"][RESOLVED_REASON] == UNCONFIGURED_AT_START
+            assert await eventually("no page left", lambda: not active(alertmanager))
+            engine = create_engine_for(db)
+            try:
+                [row] = Store(engine).load_alert_states()
+            finally:
+                engine.dispose()
+            assert (row.endpoint, row.state) == ("ep", "resolved")
+        finally:
+            restarted.stop.set()
+            await asyncio.wait_for(task, 60)
