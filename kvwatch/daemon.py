@@ -318,9 +318,10 @@ class Daemon:
         self._config_metrics: ConfigMetrics | None = None
         self._discovery: DiscoveryLoop | None = None
         self._discovery_client: httpx.AsyncClient | None = None
-        # Endpoints with alert states stored by an earlier process but not configured at
-        # start: retired once the configuration and every discovery source have been read.
-        self._unconfigured: set[str] = set()
+        # The probe kinds of each endpoint with alert states read back at start: those this
+        # process does not run are retired once the configuration and every discovery source
+        # have been read (then emptied).
+        self._held_at_start: dict[str, set[str]] = {}
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -436,6 +437,12 @@ class Daemon:
                     target.spec.name,
                     functools.partial(_forget_dropped, built, scheduler, target.spec.name, dropped),
                 )
+                # Once its probes in flight have ended, none of a kind it no longer runs can
+                # report again: that kind's alerts resolve, or they would be re-sent for good.
+                scheduler.when_idle(
+                    target.spec.name,
+                    functools.partial(_retire_stopped_probes, built, target.spec.name),
+                )
                 # build_targets has just set the info series of the new spec: removing the
                 # old one when it has the same labels would remove that one.
                 was, now = previous.spec, target.spec
@@ -459,20 +466,23 @@ class Daemon:
 
     async def _retire_unconfigured(self) -> None:
         """Resolve the alerts of endpoints an earlier process alerted on and this one does
-        not probe (removed from the file, or no longer listed, while kvwatch was stopped; a
+        not probe, or of their probe kinds it does not run (removed from the file, or no
+        longer listed, while kvwatch was stopped; a
         restart is how many deployments apply a new configuration): held from the database
         as they were, a firing one would be re-sent to Alertmanager for as long as this
         process runs, with nothing left to resolve it."""
         built = self._built
-        if not self._unconfigured or built is None:
+        if not self._held_at_start or built is None:
             return
-        probed = {t.spec.name for t in built.targets}
-        gone = sorted(self._unconfigured - probed)
-        self._unconfigured = set()
+        held, self._held_at_start = self._held_at_start, {}
+        probed = {t.spec.name: t.spec for t in built.targets}
+        gone = sorted(name for name in held if name not in probed)
         if gone:
             log.info("unconfigured_endpoints_retired", endpoints=gone)
         for name in gone:
             await _retire_alerts(built, name, UNCONFIGURED_AT_START)
+        for name in sorted(held.keys() & probed.keys()):
+            await _retire_stopped_probes(built, name)
 
     def _sources(self, config: Config) -> list[Source]:
         assert self._discovery_client is not None
@@ -507,8 +517,7 @@ class Daemon:
             scheduler.start(built.targets)
             _start_loops(stack, built, scheduler, config)
             if built.alerts is not None:
-                configured = {t.spec.name for t in built.targets}
-                self._unconfigured = built.alerts.endpoints() - configured
+                self._held_at_start = built.alerts.held()
             await self._start_discovery(stack, built)
             if self._discovery is None or self._discovery.listed_all():  # no sources
                 await self._retire_unconfigured()
@@ -609,6 +618,22 @@ def _malloc_figures() -> Callable[[], arenas.Heap | None]:
     return jemalloc.heap if jemalloc.active() else arenas.heap
 
 
+async def _retire_stopped_probes(built: Built, name: str) -> None:
+    """Resolve the alerts of ``name``'s probe kinds that its configuration no longer runs
+    (see :meth:`EndpointSpec.runs`), in memory and in the database."""
+    spec = next((t.spec for t in built.targets if t.spec.name == name), None)
+    if built.alerts is None or spec is None:  # removed meanwhile: _retire took all of it
+        return
+    stopped = sorted(k for k in built.alerts.held().get(name, ()) if not spec.runs(k))
+    if not stopped:
+        return
+    log.info("stopped_probes_retired", endpoint=name, probes=stopped)
+    retired = built.alerts.retire_probes(name, stopped, STOPPED_PROBES)
+    await _save_retired(built, name, retired)
+
+
+STOPPED_PROBES = "kvwatch no longer runs this probe on the endpoint (removed from its probes)"
+
 UNCONFIGURED_AT_START = (
     "kvwatch restarted without the endpoint in its configuration or discovery lists"
 )
@@ -640,7 +665,15 @@ async def _retire_alerts(built: Built, name: str, reason: str) -> None:
     memory (what delivery sends) and in the database."""
     if built.alerts is None:
         return
-    retired = built.alerts.retire(name, reason)
+    await _save_retired(built, name, built.alerts.retire(name, reason))
+
+
+async def _save_retired(built: Built, name: str, retired: list[AlertStateRecord]) -> None:
+    """Store the states a retirement ended, then adopt them (what delivery sends); kept as
+    they were if the database refuses (tried again by the next retirement or restart)."""
+    assert built.alerts is not None
+    if not retired:
+        return
     try:
         await asyncio.to_thread(built.store.save_alert_states, retired)
     except StoreError as exc:

@@ -10,9 +10,11 @@ probes finish up to a bound, and only then cancel the rest (which marks them int
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import structlog
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_SUBMITTED, JobSubmissionEvent
@@ -109,7 +111,7 @@ class ProbeScheduler:
         self._running: dict[str, set[asyncio.Task[object]]] = {}
         self._targets: dict[str, Target] = {}
         # when_idle's waits, held so that they are not collected before they end.
-        self._waiting: set[asyncio.Task[None]] = set()
+        self._waiting: set[asyncio.Future[Any]] = set()
         self._first_run_within = first_run_within
         self._first_spread = first_run_within
         self._first_runs_per_second = first_runs_per_second
@@ -287,16 +289,24 @@ class ProbeScheduler:
             await asyncio.wait(set(running))
 
     def when_idle(self, endpoint: str, then: Callable[[], object]) -> None:
-        """Call ``then`` once no probe of ``endpoint`` is running: at once if none is."""
+        """Call ``then`` once no probe of ``endpoint`` is running: at once if none is. What
+        it returns, if awaitable (``then`` is an async function), is awaited in a task."""
         if endpoint not in self._running:
-            then()
+            result = then()
+            if inspect.isawaitable(result):
+                self._keep(asyncio.ensure_future(result))
             return
 
         async def wait() -> None:
             await self.idle(endpoint)
-            then()
+            result = then()
+            if inspect.isawaitable(result):
+                await result
 
-        task = asyncio.get_running_loop().create_task(wait(), name=f"when-idle:{endpoint}")
+        self._keep(asyncio.get_running_loop().create_task(wait(), name=f"when-idle:{endpoint}"))
+
+    def _keep(self, task: asyncio.Future[Any]) -> None:
+        # The loop holds only weak references to its tasks.
         self._waiting.add(task)
         task.add_done_callback(self._waiting.discard)
 

@@ -10,7 +10,7 @@ woken: a crash between deciding and storing loses nothing and invents nothing.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from kvwatch.alerting.policy import AlertingPolicy
@@ -149,9 +149,25 @@ class AlertEvaluator:
         """
         now = self._clock()
         self._retired[endpoint] = now
+        return self._ended(endpoint, None, reason, now)
+
+    def retire_probes(
+        self, endpoint: str, probes: Collection[str], reason: str
+    ) -> list[AlertStateRecord]:
+        """``endpoint`` stays, but its ``probes`` (kinds) no longer run: their firing alerts
+        resolve with ``reason`` and their pending ones go, as :meth:`retire` does for a whole
+        endpoint. Called once the endpoint's probes in flight have ended, so none of those
+        kinds can report again; adopted by :meth:`committed` once stored."""
+        return self._ended(endpoint, probes, reason, self._clock())
+
+    def _ended(
+        self, endpoint: str, probes: Collection[str] | None, reason: str, now: datetime
+    ) -> list[AlertStateRecord]:
         records = []
         for state in self._states.values():
             if state.endpoint != endpoint or state.state not in ("firing", "pending"):
+                continue
+            if probes is not None and state.probe not in probes:
                 continue
             if state.state == "firing":
                 retired = dataclasses.replace(
@@ -199,9 +215,12 @@ class AlertEvaluator:
             del self._retired[endpoint]
             self._refused.pop(endpoint, None)
 
-    def endpoints(self) -> set[str]:
-        """The endpoints with a state held."""
-        return {s.endpoint for s in self._states.values()}
+    def held(self) -> dict[str, set[str]]:
+        """The probe kinds with a state held, by endpoint."""
+        held: dict[str, set[str]] = {}
+        for state in self._states.values():
+            held.setdefault(state.endpoint, set()).add(state.probe)
+        return held
 
     @property
     def state_count(self) -> int:

@@ -111,6 +111,21 @@ class EndpointSpec:
             kind = ProbeKind.CAPACITY
         return self.intervals.get(kind, self.interval_seconds)
 
+    def runs(self, kind: str) -> bool:
+        """Whether probes of ``kind`` (a ProbeKind value, as alert states store it) run for
+        this endpoint: those it lists, an edge probe with the capacity check that starts it,
+        a served-window step with the probes whose window failure starts it. False for a
+        kind this version does not know (a newer one's, after a downgrade): none runs."""
+        try:
+            probe = ProbeKind(kind)
+        except ValueError:
+            return False
+        if probe is ProbeKind.EDGE:
+            probe = ProbeKind.CAPACITY
+        if probe is ProbeKind.BISECT:
+            return ProbeKind.UNDER in self.probes or ProbeKind.CAPACITY in self.probes
+        return probe in self.probes
+
     def jitter_for(self, kind: ProbeKind) -> float:
         return self.jitters.get(kind, self.jitter_seconds)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from kvwatch.alerting.evaluator import RESOLVED_REASON, AlertEvaluator
+from kvwatch.alerting.evaluator import KEEP_RETIRED, RESOLVED_REASON, AlertEvaluator
 from kvwatch.alerting.policy import default_policy
 from kvwatch.store.records import AlertStateRecord
 
@@ -46,3 +46,26 @@ def test_retiring_resolves_firing_alerts_with_the_reason_and_clears_pending_ones
     assert firing.annotations == {"summary": "the window is not honoured", RESOLVED_REASON: reason}
     assert (pending.probe, pending.state, pending.failures) == ("over", "inactive", 0)
     assert RESOLVED_REASON not in pending.annotations
+
+
+def test_retiring_probes_ends_only_their_alerts_and_keeps_the_endpoint() -> None:
+    """Only the named kinds: firing resolved with the reason, pending inactive; the
+    endpoint's other alerts stay, and its states are not forgotten as a removed one's are."""
+    now = [NOW]
+    evaluator = AlertEvaluator(
+        policy=default_policy(),
+        states=[
+            state("ep", "over", "firing"),
+            state("ep", "edge", "pending"),
+            state("ep", "under", "firing"),
+        ],
+        probe_url=lambda probe_id: f"http://kvwatch/probes/{probe_id}",
+        clock=lambda: now[0],
+    )
+    ended = evaluator.retire_probes("ep", {"over", "edge"}, "no longer run")
+    assert sorted((r.probe, r.state) for r in ended) == [("edge", "inactive"), ("over", "resolved")]
+    evaluator.committed(ended)
+    now[0] = NOW + KEEP_RETIRED * 2
+    assert [k.probe for k in evaluator.firing()] == ["under"]
+    assert sorted(r.probe for r in evaluator.records()) == ["edge", "over", "under"]
+    assert evaluator.held() == {"ep": {"edge", "over", "under"}}

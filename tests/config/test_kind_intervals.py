@@ -60,3 +60,18 @@ def test_a_written_jitter_is_kept_below_the_implicit_one_minute_capacity_interva
     assert spec.jitter_for(ProbeKind.UNDER) == 120.0
     assert spec.jitter_for(ProbeKind.CAPACITY) == 1.0
     assert spec_of("defaults:\n  jitter: 0s\n" + ENDPOINT).jitter_for(ProbeKind.CAPACITY) == 0.0
+
+
+def test_an_endpoint_runs_its_listed_kinds_and_the_probes_they_start() -> None:
+    """Edge runs with capacity, a served-window step with under or capacity; a kind not
+    listed, and one this version does not know, do not run."""
+    spec = spec_of(ENDPOINT + "    probes: [capacity, baseline]\n")
+    assert [k for k in ProbeKind if spec.runs(k.value)] == [
+        ProbeKind.BASELINE,
+        ProbeKind.CAPACITY,
+        ProbeKind.EDGE,
+        ProbeKind.BISECT,
+    ]
+    only_over = spec_of(ENDPOINT + "    probes: [over]\n")
+    assert [k for k in ProbeKind if only_over.runs(k.value)] == [ProbeKind.OVER]
+    assert not spec.runs("a-kind-from-a-newer-version")

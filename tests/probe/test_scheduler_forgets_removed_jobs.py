@@ -103,6 +103,31 @@ async def test_what_waits_for_an_endpoint_to_be_idle_runs_after_its_probe_in_fli
     assert done == ["idle", "busy"]
 
 
+async def test_an_async_clean_up_is_awaited_whether_the_endpoint_is_busy_or_idle() -> None:
+    """An async function given to when_idle runs to its end (a reload's alert retirement
+    writes to the database), after the probe in flight or at once."""
+    runner = BlockedRunner()
+    scheduler = ProbeScheduler(runner=runner)  # type: ignore[arg-type]
+    busy = target("busy")
+    scheduler.add(busy)  # type: ignore[arg-type]
+    probe = asyncio.create_task(scheduler._run(busy, ProbeKind.UNDER))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    done: list[str] = []
+
+    async def clean_up(name: str) -> None:
+        await asyncio.sleep(0)
+        done.append(name)
+
+    scheduler.when_idle("busy", lambda: clean_up("busy"))
+    scheduler.when_idle("idle", lambda: clean_up("idle"))
+    await asyncio.sleep(0.01)
+    assert done == ["idle"]
+    runner.release.set()
+    await probe
+    await asyncio.sleep(0.01)
+    assert done == ["idle", "busy"]
+
+
 def test_the_kinds_scheduled_now_leave_with_a_remove() -> None:
     """kinds() tells whether a dropped kind came back before the clean-up ran."""
     scheduler = ProbeScheduler(runner=SimpleNamespace())  # type: ignore[arg-type]
