@@ -46,6 +46,10 @@ DEFAULT_RUNBOOK_BASE = "https://github.com/kvwatch/kvwatch/blob/main/docs/runboo
 BOUNDARY_PROBES = frozenset({"under", "over"})
 # The probe whose canary_ineffective holds them back (a burst's says nothing of recall).
 BASELINE_PROBE = "baseline"
+# The capacity check, and the edge probe it runs only while the KV pool is smaller than the
+# window: a capacity pass recovers the edge probe's alerts (kvwatch.alerting.state).
+CAPACITY_PROBE = "capacity"
+EDGE_PROBE = "edge"
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # Labels kvwatch sets itself; static labels from config may not shadow them, or an alert's

@@ -26,6 +26,8 @@ from kvwatch.alerting.policy import (
     BASELINE_PROBE,
     BOUNDARY_PROBES,
     CANARY_INEFFECTIVE,
+    CAPACITY_PROBE,
+    EDGE_PROBE,
     REGION_LABEL,
     SOURCE_TENANT_LABEL,
     TENANT_LABEL,
@@ -188,13 +190,26 @@ def evaluate(
     ``states`` must hold at least every known state of ``event.endpoint`` (its baseline state
     decides whether boundary alerts may fire). A verdict raises at most one alert; it counts
     as a recovery (or breaks a recovery streak) for every other alert of the same endpoint
-    and probe kind. An inconclusive verdict (``throttled``, ``sizing_miss``) changes nothing.
+    and probe kind; a capacity pass is also a recovery for the edge probe's alerts. An
+    inconclusive verdict (``throttled``, ``sizing_miss``) changes nothing.
     """
     verdict = Verdict(event.verdict)
     if verdict in INCONCLUSIVE:
         return []
     raised = policy.alert_for(verdict)
     keys = {k for k in states if k.endpoint == event.endpoint and k.probe == event.probe}
+    if event.probe == CAPACITY_PROBE and verdict is Verdict.PASS:
+        # The KV pool now holds the window (an engine redeployed with the gap closed): the
+        # edge probe, run only over a gap, will not run again to recover its own alerts, so
+        # this pass is their recovery, or they would stay firing for good.
+        keys |= {
+            k
+            for k in states
+            if k.endpoint == event.endpoint
+            and k.probe == EDGE_PROBE
+            and k.alertname in policy.alerts
+            and Verdict.PASS in policy.alerts[k.alertname].recovers_on
+        }
     if raised is not None:
         keys.add(AlertKey(raised.alertname, event.endpoint, event.probe))
     held = _baseline_failing(states, event.endpoint)

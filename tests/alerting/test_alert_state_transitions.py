@@ -167,6 +167,26 @@ def test_a_pass_touches_only_alerts_of_the_same_probe_kind() -> None:
     assert scenario.state(LIMIT_NOT_ENFORCED, "over") == "firing"
 
 
+def test_a_capacity_pass_recovers_the_edge_probes_alerts_and_nothing_else() -> None:
+    """The pool now holds the window, so no edge probe will run: capacity passes resolve the
+    edge's alert as edge passes would (two for a critical one); a mismatch, or a capacity
+    pass of another endpoint, does not; an under alert is untouched."""
+    scenario = Scenario()
+    edge_missing = Step(V.MARKER_MISSING, probe="edge")
+    scenario.feed(
+        edge_missing, replace(edge_missing, confirmation=True), MISSING, MISSING_CONFIRMED
+    )
+    assert scenario.state(CONTEXT_NOT_HONORED, "edge") == "firing"
+    scenario.feed(Step(V.CAPACITY_MISMATCH, probe="capacity"))
+    scenario.feed(Step(V.PASS, probe="capacity", endpoint="other"))
+    assert scenario.get(CONTEXT_NOT_HONORED, "edge").passes == 0
+    scenario.feed(Step(V.PASS, probe="capacity"))
+    assert scenario.state(CONTEXT_NOT_HONORED, "edge") == "firing"
+    scenario.feed(Step(V.PASS, probe="capacity"))
+    assert scenario.state(CONTEXT_NOT_HONORED, "edge") == "resolved"
+    assert scenario.state(CONTEXT_NOT_HONORED) == "firing"
+
+
 def test_a_pass_touches_only_alerts_of_the_same_endpoint() -> None:
     """One endpoint's recovery does not resolve another endpoint's alert."""
     scenario = Scenario()

@@ -265,3 +265,43 @@ async def test_an_endpoint_removed_while_kvwatch_was_stopped_has_its_page_resolv
         finally:
             restarted.stop.set()
             await asyncio.wait_for(task, 60)
+
+
+async def test_closing_the_kv_gap_resolves_the_edge_probes_page(
+    tmp_path: Path, alertmanager, webhook
+):
+    """The incident: a pool under the window, stale pages served at the edge, two pages
+    (capacity and edge). The engine redeployed with the pool holding the window: the edge
+    probe no longer runs, and the capacity check's passes resolve both pages."""
+    db = f"sqlite:///{tmp_path / 'kvwatch.db'}"
+    gap = SimEndpoint("ep", window=8192, kv_pool=6144, fault=FaultMode.STALE_KV, flavour="sglang")
+    async with run_simulator([gap]) as sim:
+        port = sim.port
+        config = config_for(
+            [sim_endpoint_entry(sim, "ep", flavour="sglang")],
+            database=db,
+            replica="a",
+            defaults={"confirm": False, "served_window": False},
+            alertmanager={"urls": [alertmanager.url], "resend_interval": "1s"},
+        )
+        async with kvwatch(config) as kv:
+            target = kv.targets[0]
+            await kv.runner.run_checked(target, BASE)  # pages for stale KV to serve
+            reports = await kv.runner.run_checked(target, ProbeKind.CAPACITY)
+            assert [r.kind for r in reports] == [ProbeKind.CAPACITY, ProbeKind.EDGE]
+            pages = await eventually("two pages", lambda: len(active(alertmanager)) == 2)
+            fired = {a["labels"]["probe"]: a["labels"] for a in active(alertmanager)}
+            assert pages and fired["edge"]["alertname"] == "KVWatchCrossRequestLeak"
+            assert fired["capacity"]["alertname"] == "KVWatchCapacityMismatch"
+    fixed = SimEndpoint("ep", window=8192, flavour="sglang")
+    async with run_simulator([fixed], port=port), kvwatch(config) as kv:
+        for _ in range(2):
+            reports = await kv.runner.run_checked(kv.targets[0], ProbeKind.CAPACITY)
+            assert [(r.kind, r.verdict) for r in reports] == [(ProbeKind.CAPACITY, Verdict.PASS)]
+        assert await eventually("no page left", lambda: not active(alertmanager))
+
+        def resolutions() -> dict[str, dict[str, str]] | None:
+            notes = {a["labels"]["probe"]: a["labels"] for a in notified(webhook, "resolved")}
+            return notes if len(notes) == 2 else None
+
+        assert await eventually("both resolutions sent", resolutions) == fired
