@@ -12,7 +12,7 @@ import contextlib
 import functools
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -437,12 +437,14 @@ class Daemon:
                     target.spec.name,
                     functools.partial(_forget_dropped, built, scheduler, target.spec.name, dropped),
                 )
-                # Once its probes in flight have ended, none of a kind it no longer runs can
-                # report again: that kind's alerts resolve, or they would be re-sent for good.
-                scheduler.when_idle(
-                    target.spec.name,
-                    functools.partial(_retire_stopped_probes, built, target.spec.name),
-                )
+                if dropped:
+                    # Once its probes in flight have ended, none of a kind it no longer runs
+                    # can report again: that kind's alerts resolve, or they would be re-sent
+                    # for good.
+                    scheduler.when_idle(
+                        target.spec.name,
+                        functools.partial(_retire_stopped_probes, built, target.spec.name),
+                    )
                 # build_targets has just set the info series of the new spec: removing the
                 # old one when it has the same labels would remove that one.
                 was, now = previous.spec, target.spec
@@ -467,10 +469,10 @@ class Daemon:
     async def _retire_unconfigured(self) -> None:
         """Resolve the alerts of endpoints an earlier process alerted on and this one does
         not probe, or of their probe kinds it does not run (removed from the file, or no
-        longer listed, while kvwatch was stopped; a
-        restart is how many deployments apply a new configuration): held from the database
-        as they were, a firing one would be re-sent to Alertmanager for as long as this
-        process runs, with nothing left to resolve it."""
+        longer listed, while kvwatch was stopped; a restart is how many deployments apply a
+        new configuration): held from the database as they were, a firing one would be
+        re-sent to Alertmanager for as long as this process runs, with nothing left to
+        resolve it."""
         built = self._built
         if not self._held_at_start or built is None:
             return
@@ -482,7 +484,7 @@ class Daemon:
         for name in gone:
             await _retire_alerts(built, name, UNCONFIGURED_AT_START)
         for name in sorted(held.keys() & probed.keys()):
-            await _retire_stopped_probes(built, name)
+            await _retire_stopped_probes(built, name, held[name])
 
     def _sources(self, config: Config) -> list[Source]:
         assert self._discovery_client is not None
@@ -618,13 +620,17 @@ def _malloc_figures() -> Callable[[], arenas.Heap | None]:
     return jemalloc.heap if jemalloc.active() else arenas.heap
 
 
-async def _retire_stopped_probes(built: Built, name: str) -> None:
+async def _retire_stopped_probes(
+    built: Built, name: str, held: Collection[str] | None = None
+) -> None:
     """Resolve the alerts of ``name``'s probe kinds that its configuration no longer runs
-    (see :meth:`EndpointSpec.runs`), in memory and in the database."""
+    (see :meth:`EndpointSpec.runs`), in memory and in the database; ``held``: the kinds it
+    has states of, when the caller knows them (else read from the evaluator)."""
     spec = next((t.spec for t in built.targets if t.spec.name == name), None)
     if built.alerts is None or spec is None:  # removed meanwhile: _retire took all of it
         return
-    stopped = sorted(k for k in built.alerts.held().get(name, ()) if not spec.runs(k))
+    kinds = built.alerts.held().get(name, set()) if held is None else held
+    stopped = sorted(k for k in kinds if not spec.runs(k))
     if not stopped:
         return
     log.info("stopped_probes_retired", endpoint=name, probes=stopped)
