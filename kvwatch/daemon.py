@@ -431,25 +431,7 @@ class Daemon:
         for target in fresh:
             previous = old.get(target.spec.name)
             if previous is not None:
-                dropped = [k for k in previous.spec.probes if k not in target.spec.probes]
-                scheduler.remove(target.spec.name, dropped)
-                scheduler.when_idle(
-                    target.spec.name,
-                    functools.partial(_forget_dropped, built, scheduler, target.spec.name, dropped),
-                )
-                if dropped:
-                    # Once its probes in flight have ended, none of a kind it no longer runs
-                    # can report again: that kind's alerts resolve, or they would be re-sent
-                    # for good.
-                    scheduler.when_idle(
-                        target.spec.name,
-                        functools.partial(_retire_stopped_probes, built, target.spec.name),
-                    )
-                # build_targets has just set the info series of the new spec: removing the
-                # old one when it has the same labels would remove that one.
-                was, now = previous.spec, target.spec
-                if (was.model, was.flavour) != (now.model, now.flavour):
-                    built.metrics.forget_info(was.name, was.model, was.flavour)
+                _changed(built, scheduler, previous, target)
             elif built.alerts is not None:
                 built.alerts.revive(target.spec.name)
             scheduler.add(target)
@@ -618,6 +600,28 @@ def _malloc_figures() -> Callable[[], arenas.Heap | None]:
     """What kvwatch_malloc_bytes reads: jemalloc's statistics when it is the process's
     malloc, glibc's otherwise."""
     return jemalloc.heap if jemalloc.active() else arenas.heap
+
+
+def _changed(built: Built, scheduler: ProbeScheduler, previous: Target, target: Target) -> None:
+    """``target`` replaces ``previous`` (same name): unschedule the kinds it dropped, and once
+    the endpoint's probes in flight have ended drop their series and resolve their alerts."""
+    dropped = [k for k in previous.spec.probes if k not in target.spec.probes]
+    scheduler.remove(target.spec.name, dropped)
+    scheduler.when_idle(
+        target.spec.name,
+        functools.partial(_forget_dropped, built, scheduler, target.spec.name, dropped),
+    )
+    if dropped:
+        # Once its probes in flight have ended, none of a kind it no longer runs can report
+        # again: that kind's alerts resolve, or they would be re-sent for good.
+        scheduler.when_idle(
+            target.spec.name, functools.partial(_retire_stopped_probes, built, target.spec.name)
+        )
+    # build_targets has just set the info series of the new spec: removing the old one when
+    # it has the same labels would remove that one.
+    was, now = previous.spec, target.spec
+    if (was.model, was.flavour) != (now.model, now.flavour):
+        built.metrics.forget_info(was.name, was.model, was.flavour)
 
 
 async def _retire_stopped_probes(
