@@ -9,8 +9,8 @@ codes, Gemma 3 270M echoes the opening of what it read, so it gives back the cod
 - ``truncate_head`` cuts the 0.0 code away, and the 0.75 code is beyond this model anyway:
   *all lost*, with what the engine read.
 - The baseline carries the same depths and fails as ``canary_ineffective``: the operator is
-  told the deep marker is beyond the model, so the under probe's missing deep marker is not
-  read as an incident of its own.
+  told a marker is beyond the model (the deep one, usually), so the under probe's missing
+  marker is not read as an incident of its own.
 """
 
 from __future__ import annotations
@@ -82,8 +82,14 @@ async def test_a_cut_head_loses_every_code_this_model_can_give_back(rig: Rig) ->
 async def test_the_baseline_with_the_same_depths_says_the_deep_code_is_beyond_the_model(
     rig: Rig,
 ) -> None:
-    """A short, whole prompt (no fault applies under the pool): the deep code still does not
-    come back, so the canary is ineffective at that depth, not the boundary broken."""
+    """A short, whole prompt (no fault applies under the pool): a code still does not come
+    back, so the canary is ineffective at that depth, not the boundary broken. Which code
+    Gemma drops varies between builds and CPUs (mostly the deep one; once the 0.0 one on a
+    CI machine), so the assertion is that one is missing and the reason names it."""
     report = await rig.runner.run(rig.targets["truncate_tail"], ProbeKind.BASELINE)
     assert report.verdict is Verdict.CANARY_INEFFECTIVE, report.reason
-    assert [d.outcome for d in report.depths] == [FOUND, MISSING]
+    outcomes = [d.outcome for d in report.depths]
+    assert outcomes in ([FOUND, MISSING], [MISSING, FOUND]), report.reason
+    missing = "0.75" if outcomes[1] is MISSING else "0.0"
+    assert f"markers at {missing} missing" in report.reason, report.reason
+    assert report.reason.startswith("not every marker recalled even from a short prompt")
