@@ -13,7 +13,8 @@ endpoints, and ``kvwatch run`` probes ``--endpoints`` of them with ``--probes`` 
   reloads the unchanged file, which tells what a reload costs from what replacing
   endpoints does.
 
-The process's VmRSS is sampled every ``--sample-every`` (60) seconds, with its live small
+The process's VmRSS (and its anonymous, file and shared-memory parts) is sampled every
+``--sample-every`` (60) seconds, with its live small
 Python objects (``kvwatch_python_allocated_blocks``) and what glibc's malloc holds
 (``kvwatch_malloc_bytes``): RSS that grows while neither grows is memory held after
 transient peaks, not a leak. After ``--warmup``
@@ -103,6 +104,9 @@ class Sample:
     # CPython's live small objects (kvwatch_python_allocated_blocks), thousands: RSS that
     # grows while these do not is held in part-used arenas, not leaked objects.
     blocks_k: float = float("nan")
+    # VmRSS split as /proc reports it (RssAnon, RssFile, RssShmem), MB: growth in RssFile or
+    # RssShmem is mapped files (libraries, SQLite's WAL index), not the heap.
+    parts_mb: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -346,12 +350,15 @@ def measure(opts: Options, tmp: Path) -> Run:
                 if now >= next_sample or now >= end:
                     rss, _ = memory_mb(proc.pid)
                     malloc, blocks = heap_figures(client, base)
-                    sample = Sample(now - start, rss, counter.update(), malloc, blocks)
+                    parts = rss_parts(proc.pid)
+                    sample = Sample(now - start, rss, counter.update(), malloc, blocks, parts)
                     run.samples.append(sample)
                     heap = " ".join(f"{k} {v:.1f}" for k, v in sorted(sample.malloc_mb.items()))
+                    split = " ".join(f"{k} {v:.1f}" for k, v in parts.items())
                     print(
                         f"  {now - start:7.0f} s  RSS {rss:7.1f} MB  probes {counter.count}"
-                        f"  Python blocks {sample.blocks_k:.0f}k  malloc MB: {heap or '-'}",
+                        f"  Python blocks {sample.blocks_k:.0f}k  malloc MB: {heap or '-'}"
+                        f"  ({split})",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -379,6 +386,17 @@ def measure(opts: Options, tmp: Path) -> Run:
                 except ValueError as exc:  # e.g. PYTHONMALLOC=malloc: no CPython arenas
                     print(f"allocator snapshots unreadable: {exc}", file=sys.stderr)
     return run
+
+
+def rss_parts(pid: int) -> dict[str, float]:
+    """RssAnon, RssFile and RssShmem of ``pid`` in MB (they add up to VmRSS)."""
+    parts: dict[str, float] = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("RssAnon", "RssFile", "RssShmem"):
+                parts[key.removeprefix("Rss").lower()] = int(rest.split()[0]) / 1024
+    return parts
 
 
 def top_sites(before: Path, after: Path) -> list[str]:
@@ -444,6 +462,10 @@ def report(opts: Options, run: Run) -> None:
         )
         blocks = slope(window, lambda s: s.blocks_k)
         print(f"  Python blocks: {blocks * 3600:+.1f}k/h")
+        for part in window[0].parts_mb:
+            if all(part in s.parts_mb for s in window):
+                rate_mb = slope(window, lambda s, k=part: s.parts_mb[k])  # type: ignore[misc]
+                print(f"  RSS {part}: {rate_mb * 3600:+.2f} MB/h")
         for state in states:
             if all(state in s.malloc_mb for s in window):
                 rate_mb = slope(window, lambda s, k=state: s.malloc_mb[k])  # type: ignore[misc]
