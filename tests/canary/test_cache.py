@@ -138,20 +138,52 @@ def test_a_warm_step_with_no_cache_hit_did_not_exercise_the_cache(
 
 
 def test_a_branch_answered_with_the_earlier_documents_code_is_cache_corrupt() -> None:
-    """A' asked, A's code given, control right: cache_corrupt naming where the code was."""
+    """A' asked, A's code given, both controls right: cache_corrupt naming where the code
+    was."""
     asks, codes = _cycle()
     sent = _right(asks, codes)
     branch = asks[2]
     a_code = asks[0].document.code(branch.key)
     sent[2] = _send(branch, f"The code is {a_code}.", codes=codes)
-    steps = [step_of(s, codes) for s in sent]
-    assert needs_control(steps) == 2
-    control = control_of(branch, "c0ffee")
-    sent.append(_send(control, f"It is {control.expected}", cached=0, codes=codes))
+    for nonce in ("c0ffee", "f00d"):
+        assert needs_control([step_of(s, codes) for s in sent]) == 2
+        control = control_of(branch, nonce)
+        sent.append(_send(control, f"It is {control.expected}", cached=0, codes=codes))
+    assert needs_control([step_of(s, codes) for s in sent]) is None
     judgement = judge_cache(sent, codes)
     assert judgement.verdict is Verdict.CACHE_CORRUPT
     assert f"with the code planted as A {branch.key}" in judgement.reason
     assert "500 prompt tokens served from the cache" in judgement.reason
+    assert "the cold step and 2 controls with no cache hit were right" in judgement.reason
+
+
+def test_one_right_control_is_not_enough_to_blame_the_cache() -> None:
+    """The case met on llama-server with Gemma 3 270M: cold right, warm wrong from the cache,
+    one control right. A second control is asked for; judged without it, canary_ineffective."""
+    asks, codes = _cycle()
+    sent = _right(asks, codes)
+    sent[1] = _send(asks[1], "The yellow code is KVW-Q1N3-Q9Z-Q8X.", codes=codes)
+    control = control_of(asks[1], "c0ffee")
+    sent.append(_send(control, f"The code is {control.expected}.", cached=0, codes=codes))
+    assert needs_control([step_of(s, codes) for s in sent]) == 1
+    judgement = judge_cache(sent, codes)
+    assert judgement.verdict is Verdict.CANARY_INEFFECTIVE
+    assert "1 of the 2 controls it needs were sent" in judgement.reason
+
+
+def test_a_second_control_that_answers_wrong_makes_it_the_models_limit() -> None:
+    """First control right, second wrong: the answer hangs on noise, canary_ineffective, and
+    no third control is sent."""
+    asks, codes = _cycle()
+    sent = _right(asks, codes)
+    sent[1] = _send(asks[1], "The yellow code is KVW-Q1N3-Q9Z-Q8X.", codes=codes)
+    first, second = control_of(asks[1], "c0ffee"), control_of(asks[1], "f00d")
+    sent.append(_send(first, f"The code is {first.expected}.", cached=0, codes=codes))
+    sent.append(_send(second, "The yellow code is KVW-Q1N3-Q8Z-Q9R.", cached=0, codes=codes))
+    assert needs_control([step_of(s, codes) for s in sent]) is None
+    judgement = judge_cache(sent, codes)
+    assert judgement.verdict is Verdict.CANARY_INEFFECTIVE
+    assert "so did its control" in judgement.reason
 
 
 def test_a_wrong_reuse_whose_control_is_wrong_too_is_the_models_limit() -> None:
@@ -160,6 +192,7 @@ def test_a_wrong_reuse_whose_control_is_wrong_too_is_the_models_limit() -> None:
     sent = _right(asks, codes)
     sent[4] = _send(asks[4], "I could not find it.", codes=codes)
     sent.append(_send(control_of(asks[4], "beef"), "No idea.", cached=0, codes=codes))
+    assert needs_control([step_of(s, codes) for s in sent]) is None  # no second control
     judgement = judge_cache(sent, codes)
     assert judgement.verdict is Verdict.CANARY_INEFFECTIVE
     assert "so did its control" in judgement.reason

@@ -4,8 +4,9 @@
 Every code of the cycle is a marker, issued (stored) before the first request goes out, so
 one that turns up in another probe's answer names this probe. The steps go out one after
 another (each must find the previous one's pages in the cache); the abort step is streamed
-and disconnected after its first chunk, and the reuse step follows at once. A control step
-is sent only when a cached step answered wrong. The cycle is stored as one probe: its
+and disconnected after its first chunk, and the reuse step follows at once. Control steps
+are sent only when a cached step answered wrong (up to two, the second only if the first was
+right). The cycle is stored as one probe: its
 verdict, the usage of all its steps together, and one entry of evidence per step.
 
 The returning session keeps the cycle's first document in memory (per endpoint, at most
@@ -28,6 +29,7 @@ import structlog
 from kvwatch.canary import markers
 from kvwatch.canary.cache import (
     ANSWER_TOKENS,
+    CONTROLS,
     Ask,
     Document,
     Sent,
@@ -63,8 +65,9 @@ from kvwatch.probe.window import WindowUnknown, window_of
 TOKEN_SOURCE = "words"
 # Codes a cycle issues: four in A, two more in A' (its later facts), four in B.
 CODES_PER_CYCLE = 10
-# The requests a cycle may send (five steps, a returning one, a control), sharing the timeout.
-MAX_REQUESTS = 7
+# The requests a cycle may send (five steps, a returning one, the controls), sharing the
+# timeout.
+MAX_REQUESTS = 6 + CONTROLS
 
 log = structlog.get_logger("kvwatch.probe")
 
@@ -167,7 +170,7 @@ async def _window(job: ProbeJob) -> int | None:
 
 
 async def _cycle(job: ProbeJob, io: Probing, asks: list[Ask]) -> tuple[Exchange, Judgement]:
-    """Send the steps in turn, a control if a cached step answered wrong; judge them."""
+    """Send the steps in turn, controls while a cached step answered wrong; judge them."""
     spec = job.target.spec
     engine = job.target.engine_for(job.tenant)
     timeout = spec.timeouts[ProbeKind.CACHE] / MAX_REQUESTS
@@ -178,8 +181,7 @@ async def _cycle(job: ProbeJob, io: Probing, asks: list[Ask]) -> tuple[Exchange,
     for ask in asks:
         ex = await _send(engine, ask, spec.stream, timeout)
         sent.append(Sent(ask, ex, await with_foreign(scan_answer(ex.answer, own), io)))
-    wrong = needs_control([step_of(s, codes) for s in sent])
-    if wrong is not None:
+    while (wrong := needs_control([step_of(s, codes) for s in sent])) is not None:
         control = control_of(asks[wrong], f"{secrets.randbits(40):010x}")
         ex = await _send(engine, control, spec.stream, timeout)
         sent.append(Sent(control, ex, await with_foreign(scan_answer(ex.answer, own), io)))
