@@ -51,8 +51,14 @@ async def test_a_healthy_burst_passes_on_llama_server(
     answers = [(r.control, r.outcome.value, r.answer) for r in row.burst]
     assert report.verdict in (Verdict.PASS, Verdict.CANARY_INEFFECTIVE), (report.reason, answers)
     solo, *members = [r for r in row.burst if not r.control]
-    assert solo.outcome is BurstOutcome.RIGHT, answers
     assert [r.size for r in members] == [SLOTS - 1] * (SLOTS - 1)
+    if solo.outcome is not BurstOutcome.RIGHT:
+        # The solo prompt is one of the model's misses (about one in a hundred): the canary
+        # cannot work this cycle, and no control is sent.
+        assert report.verdict is Verdict.CANARY_INEFFECTIVE, answers
+        assert report.reason.startswith("the solo request"), report.reason
+        assert not any(r.control for r in row.burst), answers
+        return
     wrong = {r.index for r in members if r.outcome is not BurstOutcome.RIGHT}
     controls = {r.index: r.outcome for r in row.burst if r.control}
     # A member wrong in the batch was sent again alone, and was wrong there too.
