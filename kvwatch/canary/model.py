@@ -61,7 +61,7 @@ class Verdict(enum.StrEnum):
     # burst: a request answered its task wrong under load while the solo request was right.
     BURST_WRONG = "burst_wrong"
     # cache: a step the engine served from its prefix cache answered wrong while the cold
-    # request and a control re-asked with no cache hit possible were right.
+    # request and two controls re-asked with no cache hit possible were right.
     CACHE_CORRUPT = "cache_corrupt"
     # cache: the warm step shows no cache hit (0 or not reported): the hit path was not
     # tested. Says so instead of passing; never pages.
