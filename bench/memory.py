@@ -348,9 +348,11 @@ def measure(opts: Options, tmp: Path) -> Run:
                     run.entries_start = internal_entries(client, base)
                     snaps.append(snapshot(proc, snap_prefix, 1, suffix))
                 if now >= next_sample or now >= end:
+                    # RSS and its parts first, together: fetching the figures below makes
+                    # kvwatch render /metrics, which moves RSS by megabytes.
                     rss, _ = memory_mb(proc.pid)
-                    malloc, blocks = heap_figures(client, base)
                     parts = rss_parts(proc.pid)
+                    malloc, blocks = heap_figures(client, base)
                     sample = Sample(now - start, rss, counter.update(), malloc, blocks, parts)
                     run.samples.append(sample)
                     heap = " ".join(f"{k} {v:.1f}" for k, v in sorted(sample.malloc_mb.items()))
