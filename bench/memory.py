@@ -63,8 +63,8 @@ from bench.scale import (
     DEFAULT_POSTGRES,
     database,
     free_port,
-    memory_mb,
     simulator,
+    status_mb,
     windowed_fleet,
 )
 from kvwatch.memtrace import MemStats, read_stats
@@ -348,10 +348,9 @@ def measure(opts: Options, tmp: Path) -> Run:
                     run.entries_start = internal_entries(client, base)
                     snaps.append(snapshot(proc, snap_prefix, 1, suffix))
                 if now >= next_sample or now >= end:
-                    # RSS and its parts first, together: fetching the figures below makes
+                    # RSS and its parts first, in one read: fetching the figures below makes
                     # kvwatch render /metrics, which moves RSS by megabytes.
-                    rss, _ = memory_mb(proc.pid)
-                    parts = rss_parts(proc.pid)
+                    rss, parts = rss_parts(proc.pid)
                     malloc, blocks = heap_figures(client, base)
                     sample = Sample(now - start, rss, counter.update(), malloc, blocks, parts)
                     run.samples.append(sample)
@@ -390,15 +389,12 @@ def measure(opts: Options, tmp: Path) -> Run:
     return run
 
 
-def rss_parts(pid: int) -> dict[str, float]:
-    """RssAnon, RssFile and RssShmem of ``pid`` in MB (they add up to VmRSS)."""
-    parts: dict[str, float] = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in ("RssAnon", "RssFile", "RssShmem"):
-                parts[key.removeprefix("Rss").lower()] = int(rest.split()[0]) / 1024
-    return parts
+def rss_parts(pid: int) -> tuple[float, dict[str, float]]:
+    """VmRSS of ``pid`` in MB, and its parts RssAnon, RssFile and RssShmem (which add up to
+    it) as ``anon``, ``file`` and ``shmem``."""
+    values = status_mb(pid, "VmRSS", "RssAnon", "RssFile", "RssShmem")
+    rss = values.pop("VmRSS")
+    return rss, {key.removeprefix("Rss").lower(): mb for key, mb in values.items()}
 
 
 def top_sites(before: Path, after: Path) -> list[str]:

@@ -114,14 +114,20 @@ def postgres_cpu_seconds() -> float:
     return total
 
 
-def memory_mb(pid: int) -> tuple[float, float]:
-    """(VmRSS, VmHWM) of ``pid`` in MB."""
+def status_mb(pid: int, *keys: str) -> dict[str, float]:
+    """The fields ``keys`` of ``/proc/PID/status`` (sizes in kB there), in MB, read at once."""
     values: dict[str, float] = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             key, _, rest = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
+            if key in keys:
                 values[key] = int(rest.split()[0]) / 1024
+    return values
+
+
+def memory_mb(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of ``pid`` in MB."""
+    values = status_mb(pid, "VmRSS", "VmHWM")
     return values["VmRSS"], values["VmHWM"]
 
 
