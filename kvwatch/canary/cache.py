@@ -328,10 +328,9 @@ def needs_control(steps: Sequence[CacheStep]) -> int | None:
     sent was right; None when no (further) control is needed."""
     if not steps or steps[0].outcome is not CacheOutcome.RIGHT:
         return None
-    if any(s.outcome is not CacheOutcome.RIGHT for s in steps if s.step == "control"):
-        return None  # a wrong control already says the model cannot answer it
-    if sum(s.step == "control" for s in steps) >= CONTROLS:
-        return None
+    controls = [s.outcome for s in steps if s.step == "control"]
+    if len(controls) >= CONTROLS or any(o is not CacheOutcome.RIGHT for o in controls):
+        return None  # enough controls, or a wrong one already says the model cannot answer
     if any(s.outcome in (CacheOutcome.FOREIGN, CacheOutcome.FAILED) for s in steps):
         return None
     return next(
